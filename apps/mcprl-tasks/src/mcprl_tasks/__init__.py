@@ -1,0 +1,3 @@
+"""Task sets and deterministic task generators for the offline servers."""
+
+__all__: list[str] = []

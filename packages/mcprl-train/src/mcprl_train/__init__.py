@@ -1,0 +1,3 @@
+"""The training app: profiles, GRPO loop, checkpoints, tracking."""
+
+__all__: list[str] = []
