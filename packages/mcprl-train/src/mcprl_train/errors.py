@@ -1,0 +1,19 @@
+"""Errors raised by mcprl-train; every one derives from `TrainError`."""
+
+from __future__ import annotations
+
+
+class TrainError(Exception):
+    """Base class of every mcprl-train error."""
+
+
+class RatioHealthError(TrainError, RuntimeError):
+    """Importance ratios stayed exactly 1 after an optimizer step: the update reached no parameter."""
+
+
+class InvalidRateError(TrainError, RuntimeError):
+    """Too many episodes failed for infrastructure reasons: the run aborts with the reason."""
+
+
+class RolloutError(TrainError, RuntimeError):
+    """Collection failed beyond its retry budget."""
