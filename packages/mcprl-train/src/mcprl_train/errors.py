@@ -17,3 +17,7 @@ class InvalidRateError(TrainError, RuntimeError):
 
 class RolloutError(TrainError, RuntimeError):
     """Collection failed beyond its retry budget."""
+
+
+class ConfigError(TrainError, ValueError):
+    """A config key is unknown or a value is invalid; the message names the key and what was expected."""

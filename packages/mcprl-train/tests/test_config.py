@@ -1,0 +1,150 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mcprl_train.config import Config, list_profiles, parse_override
+from mcprl_train.errors import ConfigError
+
+
+def test_every_shipped_profile_loads_and_round_trips() -> None:
+    assert set(list_profiles()) >= {"cpu", "single-gpu-lora", "vllm-gpu", "a100x2", "mps"}
+    for name in list_profiles():
+        cfg = Config.load(profile=name)
+        assert cfg.profile == name
+        assert Config.from_dict(cfg.to_dict()) == cfg
+        assert Config.from_dict(yaml.safe_load(cfg.to_yaml())) == cfg
+
+
+def test_defaults_follow_the_seed_hyperparameters() -> None:
+    cfg = Config.load(profile=None)
+    assert (cfg.grpo.clip_eps_low, cfg.grpo.kl_coef, cfg.grpo.value_coef) == (0.2, 0.01, 0.5)
+    assert (cfg.grpo.gamma, cfg.grpo.lam) == (0.99, 0.95)
+    assert cfg.optim.lr == 5e-6
+    assert cfg.optim.warmup_steps > 0
+    assert cfg.run.ref_sync_every == 100
+    assert cfg.model.name == "tiny"
+
+
+def test_profiles_select_their_hardware_setup() -> None:
+    cpu = Config.load()
+    assert (cpu.profile, cpu.model.name, cpu.model.dtype, cpu.sampler.backend) == (
+        "cpu",
+        "tiny",
+        "float32",
+        "hf",
+    )
+    lora = Config.load(profile="single-gpu-lora")
+    assert lora.quantization == "nf4"
+    assert lora.lora.enabled
+    a100 = Config.load(profile="a100x2")
+    assert (a100.distributed.backend, a100.distributed.zero_stage, a100.distributed.num_gpus) == (
+        "deepspeed",
+        3,
+        2,
+    )
+    assert a100.distributed.bf16
+    assert not a100.lora.enabled
+    assert Config.load(profile="vllm-gpu").sampler.backend == "vllm"
+    assert Config.load(profile="mps").model.device == "mps"
+
+
+def test_user_file_and_overrides_win_in_order(tmp_path: Path) -> None:
+    user = tmp_path / "user.yaml"
+    user.write_text("grpo:\n  group_size: 6\n  kl_coef: 0.05\nrun:\n  name: mine\n")
+    cfg = Config.load(profile="cpu", config_file=user, overrides=["grpo.group_size=8", "optim.lr=1e-5"])
+    assert cfg.grpo.group_size == 8
+    assert cfg.grpo.kl_coef == 0.05
+    assert cfg.run.name == "mine"
+    assert cfg.optim.lr == 1e-5
+    assert cfg.model.name == "tiny"
+
+
+def test_json_config_file_is_accepted(tmp_path: Path) -> None:
+    user = tmp_path / "user.json"
+    user.write_text('{"sampler": {"temperature": 0.7}}')
+    assert Config.load(config_file=user).sampler.temperature == 0.7
+
+
+def test_override_values_are_parsed_as_yaml() -> None:
+    assert parse_override("tools.offline=[finance, calculator]") == {
+        "tools": {"offline": ["finance", "calculator"]}
+    }
+    cfg = Config.load(
+        overrides=["tools.offline=[finance, calculator]", "grpo.dual_clip=3", "grpo.filter_zero_std=false"]
+    )
+    assert cfg.tools.offline == ("finance", "calculator")
+    assert cfg.grpo.dual_clip == 3.0
+    assert isinstance(cfg.grpo.dual_clip, float)
+    assert cfg.grpo.filter_zero_std is False
+
+
+def test_partial_mapping_override_keeps_other_keys() -> None:
+    cfg = Config.load(overrides=["env.max_turns_by_difficulty.easy=3"])
+    assert cfg.env.max_turns_by_difficulty == {"easy": 3, "medium": 8, "hard": 10}
+
+
+def test_choosing_a_tools_source_replaces_the_profile_source() -> None:
+    cfg = Config.load(overrides=["tools.servers=servers.json"])
+    assert cfg.tools.source == "servers"
+    assert cfg.tools.offline is None
+    inline = Config.load(overrides=['tools.mcp_servers={"calc": {"command": "python"}}'])
+    assert inline.tools.source == "mcp_servers"
+
+
+def test_two_tools_sources_in_one_layer_are_rejected() -> None:
+    with pytest.raises(ConfigError, match="one tools source"):
+        Config.from_dict({"tools": {"servers": "a.json", "offline": ["finance"]}})
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("grpo.grup_size=3", "unknown config key 'grpo.grup_size'; did you mean 'grpo.group_size'"),
+        ("gpro.group_size=3", "unknown config key 'gpro'; did you mean 'grpo'"),
+        ("group_size=3", "did you mean 'grpo.group_size'"),
+        ("grpo.group_size=abc", "grpo.group_size: got 'abc'; expected an integer"),
+        ("grpo.group_size=1", "grpo.group_size: expected a value >= 2, got 1"),
+        ("model.dtype=fp8", "model.dtype: got 'fp8'; expected one of 'float32', 'bfloat16', 'float16'"),
+        ("distributed.zero_stage=4", "distributed.zero_stage: got 4; expected one of 0, 1, 2, 3"),
+        ("model.device=gpu", "model.device: expected auto, cpu, cuda, cuda:N or mps, got 'gpu'"),
+        ("optim.betas=[0.9]", "optim.betas: got \\[0.9\\]; expected a list of 2 values"),
+        ("sampler.top_p=1.5", "sampler.top_p: expected a value <= 1.0, got 1.5"),
+        ("quantization=nf4", "quantization: 'nf4' needs lora.enabled=true"),
+        ("grpo.estimator=ppo", "grpo.estimator: got 'ppo'; expected one of"),
+        ("env.max_turns_by_difficulty.expert=3", "env.max_turns_by_difficulty: expected exactly the keys"),
+        ("run.name=a/b", "run.name: expected a directory name"),
+        ("grpo", "expected section.key=value"),
+    ],
+)
+def test_bad_keys_and_values_name_the_key_and_the_expectation(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Config.load(overrides=[override])
+
+
+def test_unknown_profile_suggests_the_nearest() -> None:
+    with pytest.raises(ConfigError, match="unknown profile 'cpuu'; did you mean 'cpu'"):
+        Config.load(profile="cpuu")
+
+
+def test_unreadable_or_malformed_files_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        Config.load(config_file=tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        Config.load(config_file=bad)
+
+
+def test_replace_applies_overrides_to_a_resolved_config() -> None:
+    cfg = Config.load(profile="a100x2").replace(["run.steps=3"])
+    assert cfg.run.steps == 3
+    assert cfg.distributed.zero_stage == 3
+
+
+def test_exponent_without_a_dot_is_a_number(tmp_path: Path) -> None:
+    user = tmp_path / "user.yaml"
+    user.write_text("optim:\n  lr: 3e-6\n")
+    assert Config.load(config_file=user).optim.lr == 3e-6
