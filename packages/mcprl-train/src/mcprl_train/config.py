@@ -274,6 +274,11 @@ class GRPOConfig:
         ppo_epochs: Passes over each rollout batch.
         minibatches: Optimizer steps per epoch.
         filter_zero_std: Drop groups whose rewards are all equal and back-fill with fresh groups.
+        backfill_rounds: Extra collection rounds per step that replace filtered groups (0 = no back-fill).
+        old_logprobs: ``sampler``: the sampler's logprobs are the old policy's (one update per batch);
+            ``recompute``: a no-grad trainer forward before the update (forced when ppo_epochs × minibatches > 1
+            or with ``gae``, so the ratio health check compares like with like).
+        value_clip: Clip range of the value loss around the old values (``gae``).
     """
 
     group_size: int = attrs.field(default=8, validator=_ge(2))
@@ -293,6 +298,9 @@ class GRPOConfig:
     ppo_epochs: int = attrs.field(default=1, validator=_ge(1))
     minibatches: int = attrs.field(default=2, validator=_ge(1))
     filter_zero_std: bool = True
+    backfill_rounds: int = attrs.field(default=1, validator=_ge(0))
+    old_logprobs: Literal["sampler", "recompute"] = "sampler"
+    value_clip: float = attrs.field(default=0.2, validator=_gt(0.0))
 
 
 @attrs.frozen(kw_only=True)
@@ -312,7 +320,11 @@ class OptimConfig:
 
 @attrs.frozen(kw_only=True)
 class SFTConfig:
-    """Optional supervised warm-up on scripted demonstrations before RL."""
+    """Optional supervised warm-up on scripted demonstrations before RL.
+
+    ``warmup_steps`` ramps the learning rate linearly; ``max_grad_norm`` clips the gradient (SFT has its own
+    optimizer; packing uses ``optim.micro_batch_tokens``).
+    """
 
     enabled: bool = False
     epochs: int = attrs.field(default=1, validator=_ge(1))
@@ -321,6 +333,8 @@ class SFTConfig:
     batch_size: int = attrs.field(default=8, validator=_ge(1))
     demos: int = attrs.field(default=64, validator=_ge(1))
     teacher_noise: float = attrs.field(default=0.0, validator=[_ge(0.0), _le(1.0)])
+    warmup_steps: int = attrs.field(default=0, validator=_ge(0))
+    max_grad_norm: float = attrs.field(default=1.0, validator=_gt(0.0))
 
 
 @attrs.frozen(kw_only=True)
@@ -345,6 +359,7 @@ class RunConfig:
         ref_sync_every: Copy the policy into the reference every N steps (full fine-tune; 0 = never).
         checkpoint_every: Steps between checkpoints (0 = only at the end).
         keep_checkpoints: Number of checkpoints kept (oldest removed first).
+        rollout_retries: Re-runs of a group that lost most episodes to infrastructure faults.
     """
 
     name: str | None = attrs.field(default=None, validator=_check_run_name)
@@ -355,6 +370,7 @@ class RunConfig:
     ref_sync_every: int = attrs.field(default=100, validator=_ge(0))
     checkpoint_every: int = attrs.field(default=10, validator=_ge(0))
     keep_checkpoints: int = attrs.field(default=3, validator=_ge(1))
+    rollout_retries: int = attrs.field(default=1, validator=_ge(0))
 
 
 @attrs.frozen(kw_only=True)
