@@ -1,0 +1,115 @@
+"""Per-token KL estimators against a reference policy, as a reward penalty or as a loss term.
+
+Schulman 2020, "Approximating KL Divergence" (http://joschu.net/blog/kl-approx.html). Samples come from the
+current policy π_θ; with ``log ρ = log π_ref(y) - log π_θ(y)``:
+
+- ``k1 = -log ρ`` — unbiased for KL(π_θ‖π_ref), high variance, can be negative per token;
+- ``k2 = ½ (log ρ)²`` — low variance, biased, always ≥ 0;
+- ``k3 = (ρ - 1) - log ρ`` — unbiased, always ≥ 0 (``e^x ≥ 1 + x``); the GRPO loss term
+  (Shao et al. 2024, DeepSeekMath eq. 4).
+
+All three are 0 when the two log-probabilities are equal. Token tensors are ``(B, T)`` or packed ``(L,)``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, assert_never
+
+import torch
+
+from mcprl_grpo._checks import as_float, as_mask, check_float, check_same_shape
+from mcprl_grpo.aggregate import AggregationMode, aggregate_loss
+
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+def token_kl(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    estimator: KLEstimator = "k3",
+) -> torch.Tensor:
+    """Per-token KL(π_θ‖π_ref) estimate (gradient flows through ``logprobs`` only).
+
+    Args:
+        logprobs: ``(B, T)``/``(L,)`` current-policy log-probabilities of the sampled tokens.
+        ref_logprobs: Same shape; reference-policy log-probabilities.
+        mask: Same shape; bool or 0/1.
+        estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (see module docstring).
+
+    Returns:
+        Same shape, 0 outside the mask; float32 (float64 for float64 input).
+    """
+    check_float("logprobs", logprobs)
+    check_float("ref_logprobs", ref_logprobs)
+    check_same_shape("ref_logprobs", ref_logprobs, "logprobs", logprobs)
+    m = as_mask("mask", mask, "logprobs", logprobs)
+    lp = as_float(logprobs)
+    zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
+    log_rho = torch.where(m, ref_logprobs.detach().to(lp.dtype) - lp, zero)
+    match estimator:
+        case "k1":
+            kl = -log_rho
+        case "k2":
+            kl = 0.5 * log_rho * log_rho
+        case "k3":
+            # expm1 keeps (ρ - 1) accurate when ρ is close to 1.
+            kl = torch.expm1(log_rho) - log_rho
+        case _:
+            assert_never(estimator)
+    return torch.where(m, kl, zero)
+
+
+def kl_penalty_rewards(
+    rewards: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    coef: float,
+    estimator: KLEstimator = "k1",
+) -> torch.Tensor:
+    """Per-token rewards with the KL penalty folded in: ``r_t - β · KL_t`` (detached).
+
+    Ouyang et al. 2022, InstructGPT eq. (2) / Stiennon et al. 2020: the KL to the reference is a per-token
+    reward penalty, used with GAE or REINFORCE++ instead of a KL loss term.
+
+    Args:
+        rewards: ``(B, T)``/``(L,)`` per-token rewards (e.g. from `rewards_at_last_token`).
+        logprobs: Same shape; current (or old) policy log-probabilities.
+        ref_logprobs: Same shape; reference log-probabilities.
+        mask: Same shape; bool or 0/1.
+        coef: β (0 disables the penalty).
+        estimator: Which KL estimator.
+
+    Returns:
+        Same shape, detached; 0 outside the mask.
+    """
+    check_float("rewards", rewards)
+    check_same_shape("rewards", rewards, "logprobs", logprobs)
+    kl = token_kl(logprobs.detach(), ref_logprobs, mask, estimator=estimator)
+    m = as_mask("mask", mask, "logprobs", logprobs)
+    r = as_float(rewards).detach()
+    return torch.where(m, r - coef * kl.to(r.dtype), torch.zeros((), dtype=r.dtype, device=r.device))
+
+
+def kl_loss(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    estimator: KLEstimator = "k3",
+    mode: AggregationMode = "token-mean",
+    normalizer: float | torch.Tensor | None = None,
+    seq_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """KL as a loss term: `token_kl` reduced by `aggregate_loss` (multiply by β and add to the policy loss).
+
+    Shao et al. 2024, DeepSeekMath eq. (3)–(4): the GRPO objective subtracts ``β D_KL`` estimated with k3.
+
+    Returns:
+        Scalar tensor with gradient.
+    """
+    per_token = token_kl(logprobs, ref_logprobs, mask, estimator=estimator)
+    return aggregate_loss(per_token, mask, mode=mode, normalizer=normalizer, seq_ids=seq_ids)
