@@ -1,0 +1,221 @@
+"""Sandbox supervisor: the process that sets up isolation and runs model code in a child.
+
+This file is executed by path as ``python -I -S supervisor.py <json>`` inside fresh namespaces made
+by ``unshare`` (or directly, in ``process`` isolation). It imports the standard library only, because
+it must start before the filesystem is hidden and must not depend on the server's environment.
+
+Protocol: the server writes the code to stdin and closes it; the supervisor reports JSON lines on the
+status descriptor (``setup_failed`` / ``started`` / ``exited``). Model code inherits stdout/stderr but
+never the status descriptor, so it cannot forge its own exit status.
+
+In ``namespaces`` isolation the supervisor is PID 1 of a new PID namespace and stays root there: the
+model's process runs under a throw-away unprivileged uid, so it can neither signal nor trace the
+supervisor. When the model's process exits the supervisor exits, and the kernel kills every other
+process of the namespace (background children, double forks, ``setsid`` escapes) before the server
+sees the exit.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import ctypes
+import json
+import linecache
+import os
+import resource
+import sys
+import traceback
+from typing import Any
+
+_MS_RDONLY = 0x1
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MS_NOEXEC = 0x8
+_MS_REMOUNT = 0x20
+_MS_NOATIME = 0x400
+_MS_NODIRATIME = 0x800
+_MS_BIND = 0x1000
+_MS_REC = 0x4000
+_MS_PRIVATE = 0x40000
+_MS_RELATIME = 0x200000
+_PR_SET_NO_NEW_PRIVS = 38
+_O_PATH = getattr(os, "O_PATH", 0o10000000)
+_MOUNT_OPTION_FLAGS = {
+    "nosuid": _MS_NOSUID,
+    "nodev": _MS_NODEV,
+    "noexec": _MS_NOEXEC,
+    "noatime": _MS_NOATIME,
+    "nodiratime": _MS_NODIRATIME,
+    "relatime": _MS_RELATIME,
+}
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class SetupError(Exception):
+    """Isolation could not be set up; the code is not run."""
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    if flags & _MS_REMOUNT and not flags & _MS_BIND:
+        # A remount without MS_BIND changes the superblock, i.e. the host's filesystem.
+        raise SetupError(f"refusing superblock remount of {target}")
+    encode = lambda s: None if s is None else s.encode()  # noqa: E731
+    if _libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)) != 0:
+        err = ctypes.get_errno()
+        raise SetupError(f"mount {target}: {os.strerror(err)}")
+
+
+def _unescape(path: str) -> str:
+    return path.encode().decode("unicode_escape")
+
+
+def _mount_points() -> list[tuple[str, int]]:
+    """Mount points of this namespace with the per-mount flags to keep on a read-only remount."""
+    points: list[tuple[str, int]] = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+        for line in fh:
+            fields = line.split()
+            flags = 0
+            for opt in fields[5].split(","):
+                flags |= _MOUNT_OPTION_FLAGS.get(opt, 0)
+            points.append((_unescape(fields[4]), flags))
+    return points
+
+
+def _remount_read_only(target: str, keep_flags: int) -> None:
+    _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | keep_flags)
+
+
+def _setup_filesystem(args: dict[str, Any]) -> None:
+    """Make the whole tree read-only, hide private paths, mount a fresh /proc and the scratch tmpfs."""
+    if os.readlink("/proc/self/ns/mnt") == args["host_mnt_ns"]:
+        raise SetupError("not in a private mount namespace")
+    if os.getpid() != 1:
+        raise SetupError("not PID 1 of a new PID namespace")
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    keep_fds = {path: os.open(path, _O_PATH | os.O_DIRECTORY) for path in args["keep"] if os.path.isdir(path)}
+    for target, flags in _mount_points():
+        if os.path.exists(target):
+            _remount_read_only(target, flags)
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    scratch = args["scratch"]
+    for hidden in sorted(args["hide"], key=len):
+        if not os.path.isdir(hidden) or os.path.islink(hidden):
+            continue
+        _mount("tmpfs", hidden, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=256,mode=0755")
+        for keep, fd in keep_fds.items():
+            if keep.startswith(hidden.rstrip("/") + "/"):
+                os.makedirs(keep, exist_ok=True)
+                _mount(f"/proc/self/fd/{fd}", keep, None, _MS_BIND | _MS_REC)
+                _remount_read_only(keep, _MS_NOSUID | _MS_NODEV)
+        if os.path.dirname(scratch) == hidden.rstrip("/"):
+            os.mkdir(scratch, 0o700)
+            opts = f"size={args['scratch_bytes']},nr_inodes={args['scratch_inodes']},mode=0700"
+            _mount(
+                "tmpfs",
+                scratch,
+                "tmpfs",
+                _MS_NOSUID | _MS_NODEV,
+                f"{opts},uid={args['uid']},gid={args['gid']}",
+            )
+        _remount_read_only(hidden, _MS_NOSUID | _MS_NODEV)
+    for fd in keep_fds.values():
+        os.close(fd)
+    if not os.path.ismount(scratch):
+        raise SetupError(f"scratch {scratch} must sit directly inside a hidden directory")
+
+
+def _set_limits(limits: dict[str, int]) -> None:
+    for name, value in limits.items():
+        which = getattr(resource, f"RLIMIT_{name.upper()}")
+        hard = value + 1 if name == "cpu" else value  # SIGXCPU at the soft limit, SIGKILL one second later
+        resource.setrlimit(which, (value, hard))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _drop_privileges(uid: int, gid: int) -> None:
+    if os.getuid() == 0:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        if 0 in os.getresuid() or 0 in os.getresgid():
+            raise SetupError("could not drop root")
+    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise SetupError("prctl(PR_SET_NO_NEW_PRIVS) failed")
+
+
+def _run_model_code(code: bytes, args: dict[str, Any]) -> None:
+    """Child side: limits, privileges, then the model's code. Never returns."""
+    status = 1
+    try:
+        os.setsid()
+        os.close(args["status_fd"])
+        devnull = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        os.chdir(args["scratch"])
+        os.umask(0o077)
+        _set_limits(args["limits"])
+        _drop_privileges(args["uid"], args["gid"])
+    except BaseException as exc:
+        os.write(2, f"sandbox: could not prepare the child: {exc}\n".encode())
+        os._exit(125)
+    os.environ.clear()
+    # Line-buffered, so output printed before a hang or a kill still reaches the server.
+    sys.stdout.reconfigure(line_buffering=True)  # pyright: ignore[reportAttributeAccessIssue]
+    sys.argv = ["<run_python>"]
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    source = code.decode("utf-8", errors="replace")
+    linecache.cache["<run_python>"] = (len(source), None, source.splitlines(True), "<run_python>")
+    try:
+        exec(compile(code, "<run_python>", "exec"), namespace)
+        status = 0
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException as exc:
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None  # skip this frame
+        traceback.print_exception(type(exc), exc, tb)
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):  # a closed or broken stream must not hide the status
+            stream.flush()
+    os._exit(status & 0xFF)
+
+
+def _report(fd: int, event: dict[str, Any]) -> None:
+    os.write(fd, (json.dumps(event) + "\n").encode())
+
+
+def main() -> None:
+    """Entry point: read the code, isolate, run it in a child, report its exit."""
+    args = json.loads(sys.argv[1])
+    status_fd = args["status_fd"]
+    code = sys.stdin.buffer.read()
+    try:
+        if args["mode"] == "namespaces":
+            _setup_filesystem(args)
+    except (SetupError, OSError) as exc:
+        _report(status_fd, {"event": "setup_failed", "error": str(exc)})
+        os._exit(0)
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        _run_model_code(code, args)
+    _report(status_fd, {"event": "started"})
+    while True:
+        # As PID 1 this loop also reaps orphans; it ends when the model's own process exits.
+        done, wait_status, _ = os.wait3(0)
+        if done == pid:
+            break
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    exit_code = os.waitstatus_to_exitcode(wait_status)
+    _report(status_fd, {"event": "exited", "exit_code": exit_code, "peak_rss_kib": peak_kib})
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
