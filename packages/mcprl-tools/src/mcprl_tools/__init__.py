@@ -1,3 +1,31 @@
 """MCP tool-server manager: launch, pool, time out, restart, call."""
 
-__all__: list[str] = []
+from mcprl_tools.config import RestartPolicy, ServerConfig, ServersConfig
+from mcprl_tools.errors import (
+    CassetteError,
+    ConfigError,
+    ManagerNotStartedError,
+    MissingVariableError,
+    ServerStartError,
+    ToolsError,
+)
+from mcprl_tools.manager import ToolManager
+from mcprl_tools.output import truncate_text, truncation_marker
+from mcprl_tools.results import ToolResult, ToolSpec
+
+__all__ = [
+    "CassetteError",
+    "ConfigError",
+    "ManagerNotStartedError",
+    "MissingVariableError",
+    "RestartPolicy",
+    "ServerConfig",
+    "ServerStartError",
+    "ServersConfig",
+    "ToolManager",
+    "ToolResult",
+    "ToolSpec",
+    "ToolsError",
+    "truncate_text",
+    "truncation_marker",
+]

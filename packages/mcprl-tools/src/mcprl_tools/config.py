@@ -1,0 +1,210 @@
+"""Server configuration: the `mcpServers` format MCP clients use, plus mcprl's own keys.
+
+```json
+{"mcpServers": {
+   "finance": {"command": "python", "args": ["-m", "finance_server"], "env": {"API_KEY": "${FINANCE_KEY}"},
+               "call_timeout": 15, "max_concurrency": 8},
+   "search":  {"url": "http://127.0.0.1:8000/mcp", "headers": {"Authorization": "Bearer ${TOKEN}"}}},
+ "defaults": {"output_cap_bytes": 16384},
+ "aliases": {"python_code": "code"}}
+```
+
+`${VAR}` references are expanded from the environment when the file is loaded; the values are passed only to
+the server that names them and are redacted (`ServerConfig.redact`) wherever text may reach a log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import yaml
+
+from mcprl_tools._config_parse import ParseContext, parse_server
+from mcprl_tools.errors import ConfigError
+
+Transport = Literal["stdio", "http", "memory"]
+CatalogueChangePolicy = Literal["warn", "refuse"]
+
+_TOP_KEYS = ("mcpServers", "defaults", "aliases")
+
+
+def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be > 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class RestartPolicy:
+    """How a crashed or hung server is restarted.
+
+    Attributes:
+        backoff_initial: First delay before a restart, in seconds; doubles per consecutive failure.
+        backoff_max: Ceiling of the delay, in seconds.
+        max_crashes: Crashes tolerated within `window` seconds; one more marks the server unavailable.
+        window: Length of the crash-budget window, in seconds.
+    """
+
+    backoff_initial: float = attrs.field(default=0.5, validator=_positive)
+    backoff_max: float = attrs.field(default=30.0, validator=_positive)
+    max_crashes: int = attrs.field(default=5, validator=attrs.validators.ge(0))
+    window: float = attrs.field(default=300.0, validator=_positive)
+
+    def delay(self, consecutive_failures: int) -> float:
+        """Backoff delay before restart number `consecutive_failures` (1-based)."""
+        return min(self.backoff_initial * 2 ** max(consecutive_failures - 1, 0), self.backoff_max)
+
+
+def _redacted_mapping(value: Mapping[str, str]) -> str:
+    return "{" + ", ".join(f"{k!r}: '***'" for k in value) + "}"
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """One MCP server: how to reach it and how mcprl treats it.
+
+    Attributes:
+        name: Server name (the key under `mcpServers`).
+        transport: `"stdio"` (command), `"http"` (streamable HTTP url) or `"memory"` (in-process, tests).
+        command: Executable for stdio servers.
+        args: Its arguments.
+        env: Extra environment for this server only (secrets allowed; redacted in reprs).
+        cwd: Working directory of the server process.
+        url: Endpoint of a streamable HTTP server.
+        headers: HTTP headers (secrets allowed; redacted in reprs).
+        call_timeout: Caller-side deadline of one tool call, in seconds.
+        start_timeout: Deadline for spawn + initialize + list tools, in seconds.
+        ping_timeout: Deadline of a health ping, in seconds.
+        max_concurrency: Calls in flight on this server at most.
+        restart: Restart policy after crashes and hangs.
+        allow_tools: If set, only these tools are exposed.
+        deny_tools: Tools never exposed.
+        output_cap_bytes: Tool output shown to the model, in UTF-8 bytes, before truncation.
+        optional: Continue without this server if it cannot start.
+        aliases: Argument aliases for this server's tools (`alias -> canonical`).
+        on_catalogue_change: What to do when the tool catalogue changes mid-run.
+        health_interval: Seconds between background health pings, or None for on-demand only.
+        secrets: Values expanded from `${VAR}` references, redacted by `redact`.
+    """
+
+    name: str
+    transport: Transport
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = attrs.field(factory=dict, repr=_redacted_mapping)
+    cwd: str | None = None
+    url: str | None = None
+    headers: Mapping[str, str] = attrs.field(factory=dict, repr=_redacted_mapping)
+    call_timeout: float = attrs.field(default=15.0, validator=_positive)
+    start_timeout: float = attrs.field(default=30.0, validator=_positive)
+    ping_timeout: float = attrs.field(default=5.0, validator=_positive)
+    max_concurrency: int = attrs.field(default=8, validator=attrs.validators.ge(1))
+    restart: RestartPolicy = attrs.field(factory=RestartPolicy)
+    allow_tools: tuple[str, ...] | None = None
+    deny_tools: tuple[str, ...] = ()
+    output_cap_bytes: int = attrs.field(default=16384, validator=attrs.validators.ge(64))
+    optional: bool = False
+    aliases: Mapping[str, str] = attrs.field(factory=dict)
+    on_catalogue_change: CatalogueChangePolicy = "warn"
+    health_interval: float | None = None
+    secrets: frozenset[str] = attrs.field(factory=frozenset, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        match self.transport:
+            case "stdio":
+                if not self.command:
+                    raise ValueError(f"server {self.name!r}: stdio transport needs a command")
+            case "http":
+                if not self.url:
+                    raise ValueError(f"server {self.name!r}: http transport needs a url")
+            case "memory":
+                pass
+
+    def redact(self, text: str) -> str:
+        """Replace every secret value of this server in `text` with `***`."""
+        for secret in sorted(self.secrets, key=len, reverse=True):
+            if secret:
+                text = text.replace(secret, "***")
+        return text
+
+    def exposes(self, tool: str) -> bool:
+        """Whether the allow/deny lists let `tool` through."""
+        if tool in self.deny_tools:
+            return False
+        return self.allow_tools is None or tool in self.allow_tools
+
+
+@attrs.frozen(kw_only=True)
+class ServersConfig:
+    """All servers a manager runs, plus global argument aliases.
+
+    Attributes:
+        servers: Server configs by name, in file order.
+        aliases: Argument aliases applied to every tool (`alias -> canonical`); per-server ones win.
+        source: Where the config came from (file path or `<inline>`), used in error messages.
+    """
+
+    servers: Mapping[str, ServerConfig]
+    aliases: Mapping[str, str] = attrs.field(factory=dict)
+    source: str = "<inline>"
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> ServersConfig:
+        """Read a JSON, YAML or TOML file holding `{"mcpServers": {...}}`.
+
+        Raises:
+            ConfigError: Unreadable file, invalid structure, unknown key, or missing `${VAR}`.
+        """
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{p}: cannot read servers config: {exc}") from exc
+        try:
+            match p.suffix.lower():
+                case ".yaml" | ".yml":
+                    data = yaml.safe_load(text)
+                case ".toml":
+                    data = tomllib.loads(text)
+                case _:
+                    data = json.loads(text)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{p}: not valid {p.suffix.lstrip('.') or 'json'}: {exc}") from exc
+        return cls.from_dict(data, source=str(p), environ=environ)
+
+    @classmethod
+    def from_dict(
+        cls, data: object, *, source: str = "<inline>", environ: Mapping[str, str] | None = None
+    ) -> ServersConfig:
+        """Build from the parsed `{"mcpServers": {...}}` structure.
+
+        Raises:
+            ConfigError: Invalid structure, unknown key (with the nearest valid one), or missing `${VAR}`.
+        """
+        ctx = ParseContext(source=source, environ=os.environ if environ is None else environ)
+        top = ctx.mapping(data, where="top level", expected='an object with "mcpServers"')
+        ctx.reject_unknown(top, _TOP_KEYS, where="top level")
+        if "mcpServers" not in top:
+            raise ConfigError(
+                f'{source}: top level: missing key "mcpServers" (expected an object of servers)'
+            )
+        servers_raw = ctx.mapping(
+            top["mcpServers"], where='key "mcpServers"', expected="an object of servers"
+        )
+        defaults = ctx.mapping(top.get("defaults", {}), where='key "defaults"', expected="an object")
+        aliases = ctx.str_mapping(top.get("aliases", {}), where='key "aliases"')
+        servers: dict[str, ServerConfig] = {}
+        for name, raw in servers_raw.items():
+            parsed = parse_server(ctx, str(name), raw, defaults)
+            if parsed is not None:
+                servers[str(name)] = ServerConfig(**parsed)
+        return cls(servers=servers, aliases=aliases, source=source)
+
+    def aliases_for(self, server: str) -> dict[str, str]:
+        """Global aliases overlaid with the server's own."""
+        return {**self.aliases, **self.servers[server].aliases}

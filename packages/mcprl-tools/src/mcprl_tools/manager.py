@@ -1,0 +1,358 @@
+"""`ToolManager`: every configured MCP server behind one pooled, fault-tolerant call path."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import anyio.abc
+import structlog
+
+from mcprl_tools._mcp import INVALID_PARAMS, METHOD_NOT_FOUND, ConnectionLostError, RemoteError
+from mcprl_tools.cassette import CassettePlayer, CassetteRecorder
+from mcprl_tools.catalogue import build_catalogue, index_catalogue
+from mcprl_tools.config import ServerConfig, ServersConfig
+from mcprl_tools.errors import ManagerNotStartedError, ServerStartError
+from mcprl_tools.metrics import CallMetrics
+from mcprl_tools.output import truncate_text
+from mcprl_tools.results import ErrorType, ToolResult, ToolSpec
+from mcprl_tools.server import ServerRunner
+from mcprl_tools.validation import ArgumentChecker
+
+logger = structlog.get_logger()
+
+
+class ToolManager:
+    """Starts every configured server concurrently and calls their tools.
+
+    Use as an async context manager; `call` never raises for tool or infrastructure faults.
+
+    Args:
+        config: The servers to run.
+        memory_servers: In-process server objects for `transport == "memory"` entries.
+        record: Write every call and result to this JSON-lines cassette.
+        replay: Serve calls from this cassette instead of running servers.
+    """
+
+    def __init__(
+        self,
+        config: ServersConfig,
+        *,
+        memory_servers: Mapping[str, object] | None = None,
+        record: str | Path | None = None,
+        replay: str | Path | None = None,
+    ) -> None:
+        self.config = config
+        self._memory_servers = dict(memory_servers or {})
+        self._record_path = record
+        self._player = CassettePlayer(replay) if replay is not None else None
+        self._runners: dict[str, ServerRunner] = {}
+        self._tools: list[ToolSpec] = []
+        self._index: dict[str, ToolSpec] = {}
+        self._checkers: dict[str, ArgumentChecker] = {}
+        self._metrics = CallMetrics()
+        self._recorder: CassetteRecorder | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._started = False
+
+    @classmethod
+    def in_memory(
+        cls,
+        servers: Mapping[str, object],
+        *,
+        aliases: Mapping[str, str] | None = None,
+        record: str | Path | None = None,
+        **options: Any,
+    ) -> ToolManager:
+        """A manager over in-process `MCPServer` instances (tests, examples).
+
+        Args:
+            servers: Server objects by name.
+            aliases: Global argument aliases.
+            record: Optional cassette path.
+            **options: `ServerConfig` fields applied to every server (e.g. `call_timeout`, `output_cap_bytes`).
+        """
+        cfgs = {name: ServerConfig(name=name, transport="memory", **options) for name in servers}
+        config = ServersConfig(servers=cfgs, aliases=dict(aliases or {}), source="<in-memory>")
+        return cls(config, memory_servers=servers, record=record)
+
+    @classmethod
+    def replay(cls, cassette: str | Path) -> ToolManager:
+        """A manager that serves every call from `cassette`, with no server running."""
+        return cls(ServersConfig(servers={}, source=str(cassette)), replay=cassette)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._player is not None:
+            self._set_catalogue(self._player.tools)
+            self._started = True
+            return self
+        self._runners = {
+            name: ServerRunner(cfg, memory_server=self._memory_servers.get(name))
+            for name, cfg in self.config.servers.items()
+        }
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            for runner in self._runners.values():
+                self._tg.start_soon(runner.run, name=f"mcp-server-{runner.cfg.name}")
+            for runner in self._runners.values():
+                await runner.first_attempt_done.wait()
+            self._check_starts()
+        except BaseException as exc:
+            await self._shutdown(exc)
+            raise
+        self._set_catalogue(
+            build_catalogue({n: r.tools for n, r in self._runners.items() if r.state != "unavailable"})
+        )
+        if self._record_path is not None:
+            self._recorder = CassetteRecorder(self._record_path, self._tools)
+        self._started = True
+        return self
+
+    def _check_starts(self) -> None:
+        failed = [r for r in self._runners.values() if r.start_error is not None]
+        for r in failed:
+            logger.error(
+                "mcp_server_start_failed", server=r.cfg.name, optional=r.cfg.optional, error=r.start_error
+            )
+        fatal = [r for r in failed if not r.cfg.optional]
+        if fatal:
+            details = "\n".join(f"server {r.cfg.name!r}: {r.start_error}" for r in fatal)
+            raise ServerStartError(
+                f"{self.config.source}: {len(fatal)} server(s) failed to start:\n{details}"
+            )
+
+    def _set_catalogue(self, tools: Sequence[ToolSpec]) -> None:
+        self._tools = list(tools)
+        self._index = index_catalogue(self._tools)
+        self._checkers = {
+            s.qualified_name: ArgumentChecker(s.input_schema, self._aliases_for(s.server))
+            for s in self._tools
+        }
+
+    def _aliases_for(self, server: str) -> dict[str, str]:
+        if server in self.config.servers:
+            return self.config.aliases_for(server)
+        return dict(self.config.aliases)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._started = False
+        if self._recorder is not None:
+            self._recorder.close()
+            self._recorder = None
+        await self._shutdown(exc)
+
+    async def _shutdown(self, exc: BaseException | None) -> None:
+        for runner in self._runners.values():
+            runner.stop()
+        if self._tg is not None:
+            tg, self._tg = self._tg, None
+            await tg.__aexit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
+
+    # -- catalogue ------------------------------------------------------------------------------------------
+
+    @property
+    def tools(self) -> list[ToolSpec]:
+        """Every exposed tool."""
+        self._require_started()
+        return list(self._tools)
+
+    def tool_schemas(self, servers: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Function-tool schemas (`[{"type": "function", "function": {...}}]`), optionally for some servers."""
+        self._require_started()
+        return [t.function_schema() for t in self._tools if servers is None or t.server in servers]
+
+    def server_state(self, server: str) -> str:
+        """Lifecycle state of one server (`ready`, `restarting`, `unavailable`, ...)."""
+        return self._runners[server].state
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise ManagerNotStartedError("ToolManager used outside `async with ToolManager(...) as manager:`")
+
+    # -- calls ----------------------------------------------------------------------------------------------
+
+    async def call(
+        self, name: str, arguments: Mapping[str, Any] | None = None, *, episode_id: str | None = None
+    ) -> ToolResult:
+        """Call a tool. Never raises for tool or infrastructure faults: inspect `ToolResult.kind`.
+
+        Args:
+            name: Exposed tool name or `server.tool`.
+            arguments: The tool's arguments (a JSON object).
+            episode_id: Sent in the request `_meta` as `mcprl/episode_id` for per-episode state.
+
+        Raises:
+            ManagerNotStartedError: Outside the `async with` block.
+            CassetteError: In replay mode, for a call the cassette does not hold.
+        """
+        self._require_started()
+        if self._player is not None:
+            return self._player.play(name, arguments if arguments is not None else {}, episode_id)
+        start = time.perf_counter()
+        spec = self._index.get(name)
+        if spec is None:
+            result = self._fail(name, None, "unknown_tool", self._unknown_tool_text(name), start)
+        else:
+            result = await self._call_spec(name, spec, arguments, episode_id, start)
+        self._metrics.record(
+            server=result.server, tool=spec.qualified_name if spec else name, error_type=result.error_type,
+            latency_s=result.latency_s,
+        )  # fmt: skip
+        if self._recorder is not None:
+            self._recorder.record(name, arguments if arguments is not None else {}, episode_id, result)
+        return result
+
+    def _unknown_tool_text(self, name: str) -> str:
+        import difflib
+
+        near = difflib.get_close_matches(name, list(self._index), n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        return f"Unknown tool {name!r}.{hint} Available tools: {', '.join(t.name for t in self._tools)}"
+
+    def _fail(
+        self, name: str, server: str | None, error_type: ErrorType, text: str, start: float
+    ) -> ToolResult:
+        kind = (
+            "tool_error"
+            if error_type in ("unknown_tool", "invalid_arguments", "tool_error")
+            else "infra_error"
+        )
+        return ToolResult(
+            kind=kind,
+            text=text,
+            name=name,
+            server=server,
+            error_type=error_type,
+            latency_s=time.perf_counter() - start,
+        )
+
+    async def _call_spec(
+        self,
+        name: str,
+        spec: ToolSpec,
+        arguments: Mapping[str, Any] | None,
+        episode_id: str | None,
+        start: float,
+    ) -> ToolResult:
+        server = spec.server
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, Mapping):
+            text = f"Invalid arguments for {name}: expected a JSON object, got {type(arguments).__name__}"
+            return self._fail(name, server, "invalid_arguments", text, start)
+        checker = self._checkers[spec.qualified_name]
+        args = checker.normalise(arguments)
+        problem = checker.error(args)
+        if problem is not None:
+            return self._fail(
+                name, server, "invalid_arguments", f"Invalid arguments for {name}: {problem}", start
+            )
+        runner = self._runners[server]
+        if runner.catalogue_changed and runner.cfg.on_catalogue_change == "refuse":
+            text = f"Tool {name} refused: the tool catalogue of server {server!r} changed since start"
+            return self._fail(name, server, "catalogue_changed", text, start)
+        return await self._call_server(name, spec, runner, args, episode_id, start)
+
+    async def _call_server(
+        self,
+        name: str,
+        spec: ToolSpec,
+        runner: ServerRunner,
+        args: dict[str, Any],
+        episode_id: str | None,
+        start: float,
+    ) -> ToolResult:
+        cfg = runner.cfg
+        timeout = cfg.call_timeout
+        conn = None
+        # A (re)starting server gets its start timeout to come up before the call is given up.
+        with anyio.move_on_after(cfg.start_timeout + cfg.ping_timeout):
+            conn = await runner.wait_ready()
+        if conn is None:
+            detail = runner.last_error or runner.start_error or runner.state
+            text = f"Tool {name} unavailable: server {cfg.name!r} is {runner.state} ({detail})"
+            return self._fail(name, cfg.name, "unavailable", text, start)
+        async with runner.limiter:
+            runner.inflight += 1
+            runner.inflight_max = max(runner.inflight_max, runner.inflight)
+            raw = None
+            try:
+                with anyio.move_on_after(timeout) as deadline:
+                    raw = await conn.call_tool(spec.tool, args, episode_id)
+            except ConnectionLostError as exc:
+                text = f"Tool {name} failed: server {cfg.name!r} crashed or closed the connection ({exc})"
+                return self._fail(name, cfg.name, "crashed", text, start)
+            except RemoteError as exc:
+                if exc.code in (INVALID_PARAMS, METHOD_NOT_FOUND):
+                    return self._fail(
+                        name, cfg.name, "tool_error", f"Tool {name} error: {exc.message}", start
+                    )
+                runner.report_suspect()
+                return self._fail(name, cfg.name, "transport", f"Tool {name} failed: {exc}", start)
+            except Exception as exc:
+                # The call boundary: a transport fault of any type becomes an infra result, never a raise.
+                runner.report_suspect()
+                text = f"Tool {name} failed: transport error {type(exc).__name__}: {cfg.redact(str(exc))}"
+                return self._fail(name, cfg.name, "transport", text, start)
+            finally:
+                runner.inflight -= 1
+        if raw is None or deadline.cancelled_caught:
+            runner.report_suspect()
+            text = f"Tool {name} timed out after {timeout:g} s"
+            return self._fail(name, cfg.name, "timeout", text, start)
+        text, truncated = truncate_text(raw.text, cfg.output_cap_bytes)
+        return ToolResult(
+            kind="tool_error" if raw.is_error else "ok",
+            text=text,
+            structured=raw.structured,
+            name=name,
+            server=cfg.name,
+            error_type="tool_error" if raw.is_error else None,
+            latency_s=time.perf_counter() - start,
+            truncated=truncated,
+        )
+
+    # -- health and metrics ---------------------------------------------------------------------------------
+
+    async def check_health(self) -> dict[str, bool]:
+        """Ping every ready server now (and re-list its tools for catalogue pinning); True when it answered.
+
+        A server that does not answer is restarted.
+        """
+        self._require_started()
+        results: dict[str, bool] = {}
+
+        async def one(runner: ServerRunner) -> None:
+            ok = runner.state == "ready" and await runner.check()
+            if not ok and runner.state == "ready":
+                runner.report_suspect()
+            results[runner.cfg.name] = ok
+
+        async with anyio.create_task_group() as tg:
+            for runner in self._runners.values():
+                tg.start_soon(one, runner)
+        return results
+
+    def metrics(self) -> dict[str, float]:
+        """Calls, errors by kind, latency p50/p95 per server and tool, restarts and in-flight gauges."""
+        gauges: list[tuple[str, float]] = []
+        for name, r in self._runners.items():
+            gauges += [
+                (f"tools/{name}/restarts", float(r.restarts)),
+                (f"tools/{name}/crashes", float(r.crashes)),
+                (f"tools/{name}/inflight", float(r.inflight)),
+                (f"tools/{name}/inflight_max", float(r.inflight_max)),
+                (f"tools/{name}/available", float(r.state not in ("unavailable", "stopped"))),
+                (f"tools/{name}/catalogue_changed", float(r.catalogue_changed)),
+            ]
+        gauges.append(("tools/restarts", float(sum(r.restarts for r in self._runners.values()))))
+        return self._metrics.snapshot(gauges)
