@@ -21,3 +21,11 @@ class RolloutError(TrainError, RuntimeError):
 
 class ConfigError(TrainError, ValueError):
     """A config key is unknown or a value is invalid; the message names the key and what was expected."""
+
+
+class RunDirError(TrainError, RuntimeError):
+    """A run directory cannot be created or opened (exists already, not a run, malformed record)."""
+
+
+class CheckpointError(TrainError, RuntimeError):
+    """No complete, verified checkpoint could be loaded (every candidate failed its checksums)."""

@@ -1,0 +1,305 @@
+"""The run directory ``outputs/<run>/`` and its crash-safe JSON-lines logs.
+
+Layout::
+
+    outputs/<run>/
+      config.yaml           the resolved config (`Config.to_yaml`), rewritten atomically
+      metrics.jsonl         one object per logged step: {"run", "kind", "step", "time", <metric keys>...}
+      trajectories.jsonl    one object per episode: {"run", "step", "episode_id", ...}
+      training.log          the structlog JSON lines of the run (`mcprl_train.tracking.configure_logging`)
+      plots/*.png           `mcprl_train.plots.write_plots`
+      checkpoints/          `mcprl_train.checkpoint.CheckpointManager` (``step-00000010/``, ``latest``)
+
+API (used by `mcprl_train.trainer.Trainer`):
+
+- ``RunDir.create(config)`` — a new run under ``config.run.output_dir`` named ``config.run.name`` (or a
+  timestamped name); refuses a directory that already holds a run. Writes ``config.yaml``.
+- ``RunDir.open(path)`` — an existing run (resume, eval, plots); ``run_dir.load_config()`` reads it back.
+- ``run_dir.append_metrics(step, metrics, kind="grpo")`` — one line, flushed and fsynced.
+- ``run_dir.append_trajectories(step, records)`` — a batch of episode dicts (each with ``episode_id``) in one
+  write + flush + fsync; records whose ``(run, step, episode_id)`` was already written are dropped.
+- ``run_dir.rewind(step)`` — on resume: cut a torn last line, drop every record logged after ``step`` (the
+  restored checkpoint's step; those steps are re-run), and return a `RewindReport`. After it, the logs hold
+  exactly what an uninterrupted run would have written up to ``step``.
+- ``run_dir.read_metrics()`` / ``run_dir.read_trajectories()`` — records, skipping (and reporting) a torn line.
+- ``run_dir.checkpoints`` — the `CheckpointManager` of ``checkpoints/``.
+
+A record is appended with a single ``write`` of complete lines, then ``flush`` + ``fsync``: a crash leaves at
+most one torn last line, never a half-line in the middle of the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import structlog
+
+from mcprl_train.checkpoint import CheckpointManager, fsync_dir
+from mcprl_train.errors import RunDirError
+
+if TYPE_CHECKING:
+    from mcprl_train.config import Config
+
+__all__ = ["JsonlReadResult", "RewindReport", "RunDir", "read_jsonl"]
+
+logger = structlog.get_logger()
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+TRAJECTORIES_FILE = "trajectories.jsonl"
+LOG_FILE = "training.log"
+
+
+@attrs.frozen(kw_only=True)
+class JsonlReadResult:
+    """Records of a JSON-lines file and what was skipped.
+
+    Attributes:
+        records: Every complete, parseable line in order.
+        torn_line: The unparseable last line (a write cut by a crash), if any.
+        bad_lines: 1-based numbers of unparseable lines before the last (corruption, not a torn write).
+    """
+
+    records: list[dict[str, Any]]
+    torn_line: str | None = None
+    bad_lines: tuple[int, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class RewindReport:
+    """What `RunDir.rewind` removed from the logs."""
+
+    step: int
+    torn_lines: dict[str, str] = attrs.field(factory=dict)
+    dropped: dict[str, int] = attrs.field(factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        """Nothing had to be removed."""
+        return not self.torn_lines and not any(self.dropped.values())
+
+
+def read_jsonl(path: Path) -> JsonlReadResult:
+    """Read JSON lines, skipping a torn last line and reporting it (and any corrupt earlier line).
+
+    Every append ends with a newline, so text after the last newline is a write cut short by a crash.
+    """
+    if not path.exists():
+        return JsonlReadResult(records=[])
+    body, sep, tail = path.read_bytes().rpartition(b"\n")
+    records: list[dict[str, Any]] = []
+    bad: list[int] = []
+    for number, line in enumerate(body.split(b"\n") if sep else [], start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            value = None
+        if isinstance(value, dict):
+            records.append(value)
+        else:
+            bad.append(number)
+    torn = tail.decode("utf-8", errors="replace") if tail.strip() else None
+    return JsonlReadResult(records=records, torn_line=torn, bad_lines=tuple(bad))
+
+
+class RunDir:
+    """One run's directory. Create with `RunDir.create` (new run) or `RunDir.open` (existing run)."""
+
+    def __init__(self, path: str | Path, *, keep_checkpoints: int = 3) -> None:
+        self.path = Path(path)
+        self.name = self.path.name
+        self.checkpoints = CheckpointManager(self.path / "checkpoints", keep=keep_checkpoints)
+        self._seen_episodes: set[tuple[str, int, str]] | None = None
+
+    # -- construction ---------------------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, config: Config, *, name: str | None = None) -> RunDir:
+        """A new run directory ``<config.run.output_dir>/<name>`` with the resolved ``config.yaml``.
+
+        Args:
+            config: The resolved config (saved as ``config.yaml``).
+            name: Run name; defaults to ``config.run.name`` or ``<profile>-<UTC timestamp>``.
+
+        Raises:
+            RunDirError: the directory already holds a run (use `RunDir.open` to resume it).
+        """
+        run_name = (
+            name or config.run.name or f"{config.profile}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+        )
+        path = Path(config.run.output_dir) / run_name
+        if (path / CONFIG_FILE).exists() or (path / METRICS_FILE).exists():
+            raise RunDirError(
+                f"run directory {str(path)!r} already holds a run; resume it with --resume {path} "
+                "or choose another --run-name"
+            )
+        path.mkdir(parents=True, exist_ok=True)
+        run_dir = cls(path, keep_checkpoints=config.run.keep_checkpoints)
+        run_dir.write_config(config)
+        return run_dir
+
+    @classmethod
+    def open(cls, path: str | Path, *, keep_checkpoints: int | None = None) -> RunDir:
+        """An existing run directory (for resume, evaluation or plots).
+
+        Raises:
+            RunDirError: ``path`` is not a run directory (no ``config.yaml``).
+        """
+        root = Path(path)
+        if not (root / CONFIG_FILE).is_file():
+            raise RunDirError(f"{str(root)!r} is not a run directory (no {CONFIG_FILE})")
+        run_dir = cls(root)
+        keep = (
+            keep_checkpoints if keep_checkpoints is not None else run_dir.load_config().run.keep_checkpoints
+        )
+        run_dir.checkpoints = CheckpointManager(root / "checkpoints", keep=keep)
+        return run_dir
+
+    # -- files ----------------------------------------------------------------------------------------------
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG_FILE
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / METRICS_FILE
+
+    @property
+    def trajectories_path(self) -> Path:
+        return self.path / TRAJECTORIES_FILE
+
+    @property
+    def log_path(self) -> Path:
+        return self.path / LOG_FILE
+
+    @property
+    def plots_dir(self) -> Path:
+        return self.path / "plots"
+
+    def write_config(self, config: Config) -> Path:
+        """Write ``config.yaml`` atomically (temp file + fsync + rename)."""
+        _atomic_write_text(self.config_path, config.to_yaml())
+        return self.config_path
+
+    def load_config(self) -> Config:
+        """The config saved in ``config.yaml``."""
+        from mcprl_train.config import Config
+
+        return Config.load(profile=None, config_file=self.config_path)
+
+    # -- appends --------------------------------------------------------------------------------------------
+
+    def append_metrics(self, step: int, metrics: Mapping[str, Any], *, kind: str = "grpo") -> None:
+        """Append one metrics record (``kind``: ``grpo``, ``sft``, ``eval``...) and fsync it."""
+        record = {"run": self.name, "kind": kind, "step": int(step), "time": time.time(), **metrics}
+        _append_lines(self.metrics_path, [record])
+
+    def append_trajectories(self, step: int, records: Iterable[Mapping[str, Any]]) -> int:
+        """Append episode records of ``step`` in one write + fsync; returns how many were new.
+
+        Each record needs an ``episode_id``; ``run`` and ``step`` are filled in. A record whose
+        ``(run, step, episode_id)`` is already in the file is dropped (resume never duplicates an episode).
+        """
+        seen = self._seen()
+        fresh: list[dict[str, Any]] = []
+        for record in records:
+            if "episode_id" not in record:
+                raise RunDirError(f"trajectory record without 'episode_id': keys {sorted(record)}")
+            key = (self.name, int(step), str(record["episode_id"]))
+            if key in seen:
+                continue
+            seen.add(key)
+            fresh.append({"run": self.name, "step": int(step), **record})
+        if fresh:
+            _append_lines(self.trajectories_path, fresh)
+        return len(fresh)
+
+    def _seen(self) -> set[tuple[str, int, str]]:
+        if self._seen_episodes is None:
+            result = read_jsonl(self.trajectories_path)
+            self._seen_episodes = {
+                (str(r.get("run", self.name)), int(r["step"]), str(r["episode_id"]))
+                for r in result.records
+                if "step" in r and "episode_id" in r
+            }
+        return self._seen_episodes
+
+    # -- reading and resume ---------------------------------------------------------------------------------
+
+    def read_metrics(self) -> JsonlReadResult:
+        return read_jsonl(self.metrics_path)
+
+    def read_trajectories(self) -> JsonlReadResult:
+        return read_jsonl(self.trajectories_path)
+
+    def rewind(self, step: int) -> RewindReport:
+        """Make the logs end at ``step``: cut a torn last line, drop records of later steps.
+
+        Call it on resume with the restored checkpoint's step, before the first new append. Files are
+        rewritten atomically; a torn line and dropped counts are logged as warnings and returned.
+        """
+        torn: dict[str, str] = {}
+        dropped: dict[str, int] = {}
+        for path in (self.metrics_path, self.trajectories_path):
+            if not path.exists():
+                continue
+            result = read_jsonl(path)
+            keep = [r for r in result.records if int(r.get("step", 0)) <= step]
+            if result.torn_line is not None:
+                torn[path.name] = result.torn_line[:200]
+                logger.warning("torn_line_skipped", file=str(path), line=result.torn_line[:200])
+            if result.bad_lines:
+                logger.warning("corrupt_lines_skipped", file=str(path), lines=list(result.bad_lines))
+            dropped[path.name] = len(result.records) - len(keep)
+            if result.torn_line is not None or result.bad_lines or dropped[path.name]:
+                _atomic_write_text(path, "".join(_dump(r) for r in keep))
+        self._seen_episodes = None
+        report = RewindReport(step=step, torn_lines=torn, dropped=dropped)
+        if not report.clean:
+            logger.warning("run_logs_rewound", step=step, dropped=dropped, torn=sorted(torn))
+        return report
+
+
+def _dump(record: Mapping[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"), default=_json_default, allow_nan=True) + "\n"
+
+
+def _json_default(value: Any) -> Any:
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if callable(item):
+        return item()
+    if attrs.has(type(value)):
+        return attrs.asdict(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
+
+
+def _append_lines(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
+    payload = "".join(_dump(r) for r in records).encode("utf-8")
+    new = not path.exists()
+    with path.open("ab") as handle:
+        handle.write(payload)
+        handle.flush()
+        os.fsync(handle.fileno())
+    if new:
+        fsync_dir(path.parent)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
