@@ -1,3 +1,96 @@
-"""Multi-turn environment: tasks, tool-call parsing, episodes, reward shaping."""
+"""Multi-turn environment: tasks, tool-call parsing, token-exact episodes, reward shaping."""
 
-__all__: list[str] = []
+from mcprl_env.checkers import CheckResult, check_outcome, extract_number, normalize_text
+from mcprl_env.config import DEFAULT_REWARD_WEIGHTS, EnvConfig, RewardConfig
+from mcprl_env.environment import Environment, episode_id_for, group_id_for
+from mcprl_env.episode import Episode, EpisodeGroup, StopReason
+from mcprl_env.errors import (
+    ConfigError,
+    EnvError,
+    ParseErrorKind,
+    TaskValidationError,
+    TemplateDriftError,
+    ToolCallParseError,
+)
+from mcprl_env.loaders import TaskFormat, TaskSet, iter_tasks
+from mcprl_env.metrics import EpisodeStats, aggregate_metrics
+from mcprl_env.parsing import (
+    HermesToolCallParser,
+    ParsedTurn,
+    ToolCall,
+    ToolCallParser,
+    get_parser,
+    parser_families,
+    register_parser,
+)
+from mcprl_env.protocols import ChatTokenizer, Completion, Sampler, ToolCaller, ToolOutcome, ToolSpecLike
+from mcprl_env.rewards import RewardContext, RewardFunction, combine_rewards, register_reward_function
+from mcprl_env.rollout import ToolAccess, run_episode
+from mcprl_env.tasks import (
+    Checker,
+    ContainsChecker,
+    Difficulty,
+    ExactChecker,
+    MessagePostedChecker,
+    NumericChecker,
+    Task,
+    checker_from_dict,
+    task_from_dict,
+)
+from mcprl_env.transcript import Transcript
+
+__all__ = [
+    "DEFAULT_REWARD_WEIGHTS",
+    "ChatTokenizer",
+    "CheckResult",
+    "Checker",
+    "Completion",
+    "ConfigError",
+    "ContainsChecker",
+    "Difficulty",
+    "EnvConfig",
+    "EnvError",
+    "Environment",
+    "Episode",
+    "EpisodeGroup",
+    "EpisodeStats",
+    "ExactChecker",
+    "HermesToolCallParser",
+    "MessagePostedChecker",
+    "NumericChecker",
+    "ParseErrorKind",
+    "ParsedTurn",
+    "RewardConfig",
+    "RewardContext",
+    "RewardFunction",
+    "Sampler",
+    "StopReason",
+    "Task",
+    "TaskFormat",
+    "TaskSet",
+    "TaskValidationError",
+    "TemplateDriftError",
+    "ToolAccess",
+    "ToolCall",
+    "ToolCallParseError",
+    "ToolCallParser",
+    "ToolCaller",
+    "ToolOutcome",
+    "ToolSpecLike",
+    "Transcript",
+    "aggregate_metrics",
+    "check_outcome",
+    "checker_from_dict",
+    "combine_rewards",
+    "episode_id_for",
+    "extract_number",
+    "get_parser",
+    "group_id_for",
+    "iter_tasks",
+    "normalize_text",
+    "parser_families",
+    "register_parser",
+    "register_reward_function",
+    "run_episode",
+    "task_from_dict",
+]

@@ -1,0 +1,120 @@
+"""Outcome checkers: is the episode's final answer (or the servers' state) correct?
+
+``exact``, ``numeric`` and ``contains`` look at the answer; ``message_posted`` reads the messaging server's
+state for the episode (``read_messages`` called with the episode's id, so episodes never see each other).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import assert_never
+
+import attrs
+
+from mcprl_env.protocols import ToolCaller
+from mcprl_env.tasks import ContainsChecker, ExactChecker, MessagePostedChecker, NumericChecker, Task
+
+__all__ = ["CheckResult", "check_outcome", "extract_number", "normalize_text"]
+
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+@attrs.frozen(kw_only=True)
+class CheckResult:
+    """Outcome of a check.
+
+    Attributes:
+        correct: The task was solved.
+        infra_error: Set when the check itself could not run (the episode is then invalid, not wrong).
+    """
+
+    correct: bool
+    infra_error: str | None = None
+
+
+def normalize_text(text: str) -> str:
+    """Case-folded text with runs of whitespace collapsed to one space."""
+    return " ".join(text.split()).casefold()
+
+
+def extract_number(text: str) -> float | None:
+    """The number an answer states: the whole text when it is a number (``$1,234.50`` too), else the last
+    number in it; None when there is none."""
+    cleaned = text.strip().strip("$€£%").replace(",", "").strip()
+    try:
+        value = float(cleaned)
+    except ValueError:
+        candidates = [m.group(0) for m in _NUMBER.finditer(text) if any(c.isdigit() for c in m.group(0))]
+        if not candidates:
+            return None
+        try:
+            value = float(candidates[-1].replace(",", ""))
+        except ValueError:
+            return None
+    return value if math.isfinite(value) else None
+
+
+def _texts(value: object) -> list[str]:
+    """Every string under a ``text``/``content``/``message`` key, recursively."""
+    match value:
+        case dict():
+            out: list[str] = []
+            for key, item in value.items():
+                if key in ("text", "content", "message") and isinstance(item, str):
+                    out.append(item)
+                else:
+                    out.extend(_texts(item))
+            return out
+        case list():
+            return [t for item in value for t in _texts(item)]
+        case _:
+            return []
+
+
+async def _check_message_posted(
+    checker: MessagePostedChecker, manager: ToolCaller, episode_id: str
+) -> CheckResult:
+    result = await manager.call(
+        f"{checker.server}.read_messages", {"channel": checker.channel, "limit": 100}, episode_id=episode_id
+    )
+    if result.kind == "infra_error":
+        return CheckResult(correct=False, infra_error=f"{result.error_type}: {result.text}")
+    if result.kind != "ok":
+        return CheckResult(correct=False)
+    try:
+        messages = _texts(json.loads(result.text))
+    except json.JSONDecodeError:
+        messages = [result.text]
+    needle = checker.contains.casefold()
+    return CheckResult(correct=any(needle in m.casefold() for m in messages))
+
+
+async def check_outcome(
+    task: Task, answer: str | None, *, manager: ToolCaller, episode_id: str
+) -> CheckResult:
+    """Check an episode's outcome with its task's checker.
+
+    Args:
+        task: The task (its ``checker`` and ``answer``).
+        answer: The episode's final answer, or None when it gave none.
+        manager: Tool caller for state checks.
+        episode_id: The episode whose server state is checked.
+    """
+    checker = task.checker
+    if isinstance(checker, MessagePostedChecker):
+        return await _check_message_posted(checker, manager, episode_id)
+    if answer is None or task.answer is None:
+        return CheckResult(correct=False)
+    match checker:
+        case ExactChecker():
+            return CheckResult(correct=normalize_text(answer) == normalize_text(task.answer))
+        case ContainsChecker():
+            return CheckResult(correct=task.answer.casefold() in answer.casefold())
+        case NumericChecker():
+            got, want = extract_number(answer), float(task.answer)
+            ok = got is not None and math.isclose(got, want, rel_tol=checker.rel_tol, abs_tol=checker.abs_tol)
+            return CheckResult(correct=ok)
+        case _:
+            assert_never(checker)

@@ -1,0 +1,114 @@
+"""Configuration of episodes and rewards (attrs, frozen, validated)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import attrs
+
+from mcprl_env.errors import ConfigError
+
+__all__ = ["DEFAULT_REWARD_WEIGHTS", "EnvConfig", "RewardConfig"]
+
+DEFAULT_REWARD_WEIGHTS: dict[str, float] = {
+    "outcome": 1.0,
+    "format": 0.1,
+    "tool_success": 0.1,
+    "turn_cost": 0.0,
+    "invalid_call": 0.1,
+    "forced": 0.2,
+}
+"""Weights of the built-in reward functions (see `mcprl_env.rewards`)."""
+
+_DIFFICULTIES = ("easy", "medium", "hard")
+
+
+def _check_weights(instance: object, attribute: object, value: Mapping[str, float]) -> None:
+    del instance, attribute
+    from mcprl_env.rewards import reward_function_names  # reward functions register themselves there
+
+    known = reward_function_names()
+    for name, weight in value.items():
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; known: {known}"
+            raise ConfigError(f"unknown reward function {name!r}{hint}")
+        if not isinstance(weight, int | float) or isinstance(weight, bool):
+            raise ConfigError(f"reward weight {name!r} must be a number, got {weight!r}")
+
+
+@attrs.frozen(kw_only=True)
+class RewardConfig:
+    """Weights of the reward functions combined into an episode's reward.
+
+    Attributes:
+        weights: Reward function name → weight. Each component is reported as ``weight * value``; the
+            episode's reward is their sum. Names must be registered (`mcprl_env.register_reward_function`).
+        invalid_call_cap: Invalid calls at which the invalid-call penalty saturates at -1.
+    """
+
+    weights: dict[str, float] = attrs.field(
+        factory=lambda: dict(DEFAULT_REWARD_WEIGHTS), converter=dict, validator=_check_weights
+    )
+    invalid_call_cap: int = attrs.field(default=3, validator=attrs.validators.ge(1))
+
+
+def _check_turns(instance: object, attribute: object, value: Mapping[str, int]) -> None:
+    del instance, attribute
+    if set(value) != set(_DIFFICULTIES):
+        raise ConfigError(
+            f"max_turns_by_difficulty needs exactly the keys {list(_DIFFICULTIES)}, got {sorted(value)}"
+        )
+    if any(not isinstance(v, int) or v < 1 for v in value.values()):
+        raise ConfigError("max_turns_by_difficulty values must be integers >= 1")
+
+
+@attrs.frozen(kw_only=True)
+class EnvConfig:
+    """How episodes run.
+
+    Attributes:
+        max_turns_by_difficulty: Assistant-turn limit per task difficulty (a task's ``max_turns`` wins).
+        max_total_tokens: Token budget of the whole sequence (prompt + every turn).
+        max_new_tokens_per_turn: Cap on one assistant turn.
+        min_new_tokens: Stop with ``token_budget`` when fewer tokens than this remain for the next turn.
+        max_tool_output_tokens: Tool responses longer than this are cut (by tokens) with a visible marker.
+        truncation_marker: Appended to a cut tool response; ``{shown}`` and ``{total}`` are token counts.
+        max_tool_calls: Calls allowed per episode; a turn that would exceed it stops with ``max_tool_calls``.
+        max_calls_per_turn: Calls run per turn; further calls in the turn are answered with an error.
+        max_consecutive_invalid: Turns in a row whose calls are all invalid before ``consecutive_invalid``.
+        episode_timeout_s: Wall-clock limit of one episode (stop reason ``wall_clock``); None disables it.
+        parser: Tool-call parser family (`mcprl_env.get_parser`).
+        on_template_drift: ``"raise"``: re-rendering that changes earlier text ends the episode invalid with a
+            `TemplateDriftError`; ``"report"``: keep the sampled tokens, append the new suffix, count
+            ``template_drift`` in the episode's metrics.
+        chat_template_kwargs: Extra keyword arguments for ``apply_chat_template`` (e.g. ``enable_thinking``).
+        reward: Reward weights.
+    """
+
+    max_turns_by_difficulty: dict[str, int] = attrs.field(
+        factory=lambda: {"easy": 5, "medium": 8, "hard": 10}, converter=dict, validator=_check_turns
+    )
+    max_total_tokens: int = attrs.field(default=4096, validator=attrs.validators.ge(16))
+    max_new_tokens_per_turn: int = attrs.field(default=512, validator=attrs.validators.ge(1))
+    min_new_tokens: int = attrs.field(default=8, validator=attrs.validators.ge(1))
+    max_tool_output_tokens: int = attrs.field(default=512, validator=attrs.validators.ge(1))
+    truncation_marker: str = "\n[truncated: {shown} of {total} tokens shown]"
+    max_tool_calls: int = attrs.field(default=16, validator=attrs.validators.ge(1))
+    max_calls_per_turn: int = attrs.field(default=8, validator=attrs.validators.ge(1))
+    max_consecutive_invalid: int = attrs.field(default=3, validator=attrs.validators.ge(1))
+    episode_timeout_s: float | None = attrs.field(
+        default=300.0, validator=attrs.validators.optional(attrs.validators.gt(0.0))
+    )
+    parser: str = "hermes"
+    on_template_drift: Literal["raise", "report"] = attrs.field(
+        default="raise", validator=attrs.validators.in_(("raise", "report"))
+    )
+    chat_template_kwargs: dict[str, Any] = attrs.field(factory=dict, converter=dict)
+    reward: RewardConfig = attrs.field(factory=RewardConfig)
+
+    def max_turns_for(self, difficulty: str, override: int | None = None) -> int:
+        """Turn limit of a task with ``difficulty`` (``override`` = the task's own ``max_turns``)."""
+        return override if override is not None else self.max_turns_by_difficulty[difficulty]

@@ -1,0 +1,119 @@
+"""Errors raised by mcprl-env.
+
+Model faults (a malformed tool call) are data: they are turned into observations and counted, never raised out
+of an episode. What is raised here are programming and configuration errors (bad task files, bad configs,
+a chat template that rewrites earlier tokens) and the typed parse errors the parsers hand to the episode loop.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = [
+    "ConfigError",
+    "EnvError",
+    "ParseErrorKind",
+    "TaskValidationError",
+    "TemplateDriftError",
+    "ToolCallParseError",
+]
+
+ParseErrorKind = Literal[
+    "unclosed_tag",
+    "unopened_tag",
+    "nested_tag",
+    "invalid_json",
+    "not_an_object",
+    "missing_name",
+    "invalid_name",
+    "invalid_arguments",
+    "unexpected_keys",
+    "empty_call",
+    "too_large",
+]
+"""Why a tool call could not be parsed (a model fault; counted per kind in episode metrics)."""
+
+
+class EnvError(Exception):
+    """Base class of every error raised by mcprl-env."""
+
+
+class ConfigError(EnvError, ValueError):
+    """An invalid environment or reward configuration."""
+
+
+class TaskValidationError(EnvError, ValueError):
+    """A task (or task file) that does not match the task schema.
+
+    Attributes:
+        source: File name (or ``"<dict>"``) the task came from.
+        line: 1-based line where the offending item starts, when known.
+        index: 0-based position of the item in the file, when known.
+        field: Name of the offending field, when the problem is one field.
+        reason: What is wrong, in a few words.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        source: str = "<dict>",
+        line: int | None = None,
+        index: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.source = source
+        self.line = line
+        self.index = index
+        self.field = field
+        where = source
+        if line is not None:
+            where += f":{line}"
+        if index is not None:
+            where += f" (item {index})"
+        what = f"field {field!r}: " if field else ""
+        super().__init__(f"{where}: {what}{reason}")
+
+    def located(self, *, source: str, line: int | None, index: int | None) -> TaskValidationError:
+        """The same error with its location filled in (used by the loaders)."""
+        return TaskValidationError(self.reason, source=source, line=line, index=index, field=self.field)
+
+
+class ToolCallParseError(EnvError, ValueError):
+    """A tool call the model wrote that cannot be turned into a call without guessing.
+
+    Attributes:
+        kind: Machine-readable reason (one of `ParseErrorKind`), used for metrics.
+        reason: Human-readable reason, shown to the model as the tool observation.
+        raw: The offending text (truncated), for trajectories and debugging.
+    """
+
+    def __init__(self, kind: ParseErrorKind, reason: str, *, raw: str = "") -> None:
+        self.kind: ParseErrorKind = kind
+        self.reason = reason
+        self.raw = raw[:500]
+        super().__init__(f"{kind}: {reason}")
+
+
+class TemplateDriftError(EnvError, RuntimeError):
+    """Re-rendering the conversation changed text the episode already holds as tokens.
+
+    Token-in/token-out training needs every earlier token to stay as sampled; a chat template that rewrites
+    earlier turns (strips think blocks, normalises whitespace) would make the trainer learn on text the model
+    never saw. ``EnvConfig(on_template_drift="report")`` keeps the sampled tokens and counts the drift instead.
+
+    Attributes:
+        position: Character offset of the first difference.
+        expected: Text the episode holds around that offset.
+        rendered: Text the template rendered around that offset.
+    """
+
+    def __init__(self, position: int, expected: str, rendered: str) -> None:
+        self.position = position
+        self.expected = expected
+        self.rendered = rendered
+        super().__init__(
+            f"chat template re-rendered earlier tokens differently at char {position}: "
+            f"held {expected!r}, rendered {rendered!r}"
+        )

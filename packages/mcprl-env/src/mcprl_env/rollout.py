@@ -1,0 +1,346 @@
+"""The multi-turn episode loop: sample, parse, call tools, append, repeat — token-exact.
+
+`run_episode` is the episode boundary: whatever goes wrong inside becomes the episode's recorded error
+(``valid=False``); only cancellation propagates. Model faults (malformed calls, unknown tools, invalid
+arguments, tool errors) become tool observations and are counted; infrastructure errors end the episode
+invalid; budget stops end it with an explicit stop reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import anyio
+import attrs
+import structlog
+
+from mcprl_env.checkers import check_outcome
+from mcprl_env.config import EnvConfig
+from mcprl_env.episode import Episode
+from mcprl_env.errors import TemplateDriftError, ToolCallParseError
+from mcprl_env.metrics import MODEL_FAULT_TOOL_ERRORS, EpisodeStats
+from mcprl_env.parsing import ParsedTurn, ToolCall, ToolCallParser
+from mcprl_env.protocols import ChatTokenizer, Sampler, ToolCaller, ToolOutcome
+from mcprl_env.rewards import RewardContext, combine_rewards
+from mcprl_env.tasks import Task
+from mcprl_env.transcript import Transcript
+
+__all__ = ["ToolAccess", "run_episode"]
+
+log = structlog.get_logger()
+
+
+@attrs.frozen(kw_only=True)
+class ToolAccess:
+    """The tools one task may use.
+
+    Attributes:
+        schemas: Chat-template schemas rendered into the prompt.
+        callable_names: Names a call may use (exposed names and ``server.tool`` forms).
+    """
+
+    schemas: tuple[dict[str, Any], ...]
+    callable_names: frozenset[str]
+
+    @classmethod
+    def for_task(cls, manager: ToolCaller, task: Task) -> ToolAccess:
+        """Tools of ``task.servers`` (all servers when None), filtered by ``task.tools``."""
+        servers = set(task.servers) if task.servers is not None else None
+        allowed: set[str] = set()
+        names: set[str] = set()
+        for spec in manager.tools:
+            if servers is not None and spec.server not in servers:
+                continue
+            qualified = f"{spec.server}.{spec.tool}"
+            if task.tools is None or spec.name in task.tools or qualified in task.tools:
+                allowed.add(spec.name)
+                names.update((spec.name, qualified))
+        if task.tools is not None:
+            missing = sorted(set(task.tools) - names)
+            if missing:
+                raise ValueError(f"task {task.id!r} allows tools that no server offers: {missing}")
+        schemas = manager.tool_schemas(list(task.servers) if task.servers is not None else None)
+        kept = tuple(s for s in schemas if s.get("function", {}).get("name") in allowed)
+        return cls(schemas=kept, callable_names=frozenset(names))
+
+
+@attrs.frozen
+class _Stop:
+    """Why the loop ended."""
+
+    reason: str
+    valid: bool = attrs.field(default=True, kw_only=True)
+    error: str | None = attrs.field(default=None, kw_only=True)
+
+
+class _Rollout:
+    def __init__(
+        self,
+        *,
+        task: Task,
+        sampler: Sampler,
+        manager: ToolCaller,
+        tokenizer: ChatTokenizer,
+        config: EnvConfig,
+        parser: ToolCallParser,
+        access: ToolAccess | Callable[[Task], ToolAccess] | None,
+        episode_id: str,
+        group_id: str,
+    ) -> None:
+        self.task, self.sampler, self.manager, self.tok = task, sampler, manager, tokenizer
+        self.config, self.parser = config, parser
+        self._access: ToolAccess | None = access if isinstance(access, ToolAccess) else None
+        self._resolve = access if callable(access) else partial(ToolAccess.for_task, manager)
+        self.episode_id, self.group_id = episode_id, group_id
+        self.max_turns = config.max_turns_for(task.difficulty, task.max_turns)
+        self.stats = EpisodeStats()
+        self.transcript = Transcript(
+            tokenizer, on_drift=config.on_template_drift, template_kwargs=config.chat_template_kwargs
+        )
+        self.answer: str | None = None
+        self.consecutive_invalid = 0
+
+    @property
+    def access(self) -> ToolAccess:
+        if self._access is None:
+            self._access = self._resolve(self.task)
+        return self._access
+
+    async def loop(self) -> _Stop:
+        self.transcript.start(self.task.initial_messages(), tools=self.access.schemas)
+        if self.config.max_total_tokens - len(self.transcript.token_ids) < self.config.min_new_tokens:
+            return _Stop("token_budget", valid=False, error="the prompt leaves no room in max_total_tokens")
+        while True:
+            remaining = self.config.max_total_tokens - len(self.transcript.token_ids)
+            if remaining < self.config.min_new_tokens:
+                return _Stop("token_budget")
+            max_new = min(self.config.max_new_tokens_per_turn, remaining)
+            completion = await self.sampler.sample(list(self.transcript.token_ids), max_new_tokens=max_new)
+            if len(completion.token_ids) > max_new:
+                raise ValueError(
+                    f"sampler returned {len(completion.token_ids)} ids for max_new_tokens={max_new}"
+                )
+            self.transcript.add_sampled(completion)
+            self.stats.turns += 1
+            if completion.finish_reason == "length":
+                return _Stop("token_budget" if max_new == remaining else "sampler_length")
+            parsed = self.parser.parse(completion.text)
+            if parsed.is_final:
+                self.answer = parsed.answer
+                return _Stop("answer")
+            stop = await self.step(parsed)
+            if stop is not None:
+                return stop
+
+    async def step(self, parsed: ParsedTurn) -> _Stop | None:
+        """Answer one tool-calling turn; a stop when the episode must end before the next turn."""
+        for error in parsed.errors:
+            self.stats.parse_errors[error.kind] += 1
+        self.stats.tool_calls += len(parsed.calls)
+        if self.stats.turns >= self.max_turns:
+            return _Stop("max_turns")
+        if self.stats.tool_calls > self.config.max_tool_calls:
+            return _Stop("max_tool_calls")
+        observations = await self.execute(parsed.items)
+        if isinstance(observations, _Stop):
+            return observations
+        if self.consecutive_invalid >= self.config.max_consecutive_invalid:
+            return _Stop("consecutive_invalid")
+        suffix, ids, drifted = self.transcript.env_suffix(observations)
+        if (
+            len(self.transcript.token_ids) + len(ids) + self.config.min_new_tokens
+            > self.config.max_total_tokens
+        ):
+            return _Stop("token_budget")
+        self.transcript.commit_env(observations, suffix, ids, drifted)
+        return None
+
+    async def execute(self, items: Sequence[ToolCall | ToolCallParseError]) -> list[dict[str, Any]] | _Stop:
+        texts: list[str] = [""] * len(items)
+        names: list[str] = ["invalid_call"] * len(items)
+        pending: list[tuple[int, ToolCall]] = []
+        valid_calls = 0
+        for i, item in enumerate(items):
+            if isinstance(item, ToolCallParseError):
+                texts[i] = f"Error: invalid tool call ({item.kind}): {item.reason}"
+                continue
+            names[i] = item.name
+            if len(pending) >= self.config.max_calls_per_turn:
+                self.stats.tool_errors["too_many_calls"] += 1
+                texts[i] = f"Error: more than {self.config.max_calls_per_turn} calls in one turn; not run."
+            elif item.name not in self.access.callable_names:
+                self.stats.tool_errors["unknown_tool"] += 1
+                known = ", ".join(s["function"]["name"] for s in self.access.schemas)
+                texts[i] = f"Error: unknown tool {item.name!r}. Available tools: {known}"
+            else:
+                pending.append((i, item))
+        results: dict[int, ToolOutcome] = {}
+
+        async def call(i: int, tool_call: ToolCall) -> None:
+            results[i] = await self.manager.call(
+                tool_call.name, tool_call.arguments, episode_id=self.episode_id
+            )
+
+        async with anyio.create_task_group() as tg:
+            for i, tool_call in pending:
+                tg.start_soon(call, i, tool_call)
+        for i, _ in pending:
+            result = results[i]
+            if result.kind == "infra_error":
+                self.stats.infra_errors += 1
+                return _Stop(
+                    "infra_error", valid=False, error=f"{names[i]}: {result.error_type}: {result.text}"
+                )
+            if result.kind == "ok":
+                self.stats.tool_calls_ok += 1
+                valid_calls += 1
+            else:
+                kind = result.error_type or "tool_error"
+                self.stats.tool_errors[kind] += 1
+                valid_calls += int(kind not in MODEL_FAULT_TOOL_ERRORS)
+            texts[i] = self.truncate(result.text, already_truncated=result.truncated)
+        if valid_calls == 0:
+            self.stats.invalid_turns += 1
+            self.consecutive_invalid += 1
+        else:
+            self.consecutive_invalid = 0
+        return [{"role": "tool", "name": names[i], "content": texts[i]} for i in range(len(items))]
+
+    def truncate(self, text: str, *, already_truncated: bool = False) -> str:
+        ids = self.tok.encode(text, add_special_tokens=False)
+        cap = self.config.max_tool_output_tokens
+        if len(ids) <= cap:
+            self.stats.truncated_outputs += int(already_truncated)
+            return text
+        self.stats.truncated_outputs += 1
+        shown = self.tok.decode(ids[:cap], skip_special_tokens=False)
+        return shown + self.config.truncation_marker.format(shown=cap, total=len(ids))
+
+    async def finish(self, stop: _Stop, started: float) -> Episode:
+        valid, error, success = stop.valid, stop.error, False
+        if valid:
+            check = await check_outcome(
+                self.task, self.answer, manager=self.manager, episode_id=self.episode_id
+            )
+            if check.infra_error is not None:
+                valid, error = False, f"checker: {check.infra_error}"
+                stop = _Stop("infra_error", valid=False, error=error)
+            success = check.correct
+        return self.record(stop.reason, valid=valid, error=error, success=success, started=started)
+
+    def record(
+        self, reason: str, *, valid: bool, error: str | None, success: bool, started: float
+    ) -> Episode:
+        ctx = RewardContext(
+            success=success and valid,
+            answered=reason == "answer",
+            stop_reason=reason,
+            turns=self.stats.turns,
+            max_turns=self.max_turns,
+            tool_calls=self.stats.tool_calls,
+            tool_calls_ok=self.stats.tool_calls_ok,
+            invalid_calls=self.stats.invalid_calls,
+            parse_errors=sum(self.stats.parse_errors.values()),
+            invalid_call_cap=self.config.reward.invalid_call_cap,
+        )
+        reward, components = combine_rewards(ctx, self.config.reward)
+        if not valid:
+            reward, components = 0.0, dict.fromkeys(components, 0.0)
+        t = self.transcript
+        metrics = self.stats.as_metrics()
+        metrics.update(
+            {
+                "tokens/total": float(len(t.token_ids)),
+                "tokens/sampled": float(t.sampled_tokens),
+                "tokens/env": float(t.env_tokens),
+                "template_drift": float(t.drift_count),
+                "wall_s": time.monotonic() - started,
+            }
+        )
+        log.info(
+            "episode_finished",
+            episode_id=self.episode_id,
+            stop_reason=reason,
+            valid=valid,
+            success=success and valid,
+            reward=round(reward, 4),
+            turns=self.stats.turns,
+            tool_calls=self.stats.tool_calls,
+        )
+        return Episode(
+            episode_id=self.episode_id,
+            task_id=self.task.id,
+            group_id=self.group_id,
+            token_ids=list(t.token_ids),
+            prompt_length=t.prompt_length,
+            loss_mask=list(t.loss_mask),
+            sampler_logprobs=list(t.logprobs),
+            messages=[dict(m) for m in t.messages],
+            reward=reward,
+            reward_components=components,
+            valid=valid,
+            success=success and valid,
+            stop_reason=reason,
+            error=error,
+            answer=self.answer,
+            metrics=metrics,
+        )
+
+
+async def run_episode(
+    task: Task,
+    sampler: Sampler,
+    *,
+    manager: ToolCaller,
+    tokenizer: ChatTokenizer,
+    config: EnvConfig,
+    parser: ToolCallParser,
+    episode_id: str,
+    group_id: str,
+    access: ToolAccess | Callable[[Task], ToolAccess] | None = None,
+) -> Episode:
+    """Run one episode to its end; never raises except on cancellation.
+
+    Args:
+        task: The task.
+        sampler: Produces assistant turns.
+        manager: Runs tool calls (and state checks).
+        tokenizer: Renders the chat template and encodes/decodes.
+        config: Limits, template-drift policy and reward weights.
+        parser: Tool-call parser for the model family.
+        episode_id: Unique id, sent with every tool call.
+        group_id: The group's id.
+        access: The task's tools, or a function of the task returning them (computed inside the episode
+            boundary, so a failure becomes the episode's error); None: `ToolAccess.for_task`.
+
+    Returns:
+        The episode; ``valid=False`` with ``error`` set when something other than the model failed.
+    """
+    started = time.monotonic()
+    rollout = _Rollout(
+        task=task,
+        sampler=sampler,
+        manager=manager,
+        tokenizer=tokenizer,
+        config=config,
+        parser=parser,
+        access=access,
+        episode_id=episode_id,
+        group_id=group_id,
+    )
+    timeout = config.episode_timeout_s if config.episode_timeout_s is not None else float("inf")
+    try:
+        stop = _Stop("wall_clock")
+        with anyio.move_on_after(timeout):
+            stop = await rollout.loop()
+        return await rollout.finish(stop, started)
+    except TemplateDriftError as exc:
+        return rollout.record("template_drift", valid=False, error=str(exc), success=False, started=started)
+    except Exception as exc:  # the episode boundary: one bad episode never escapes its group
+        log.warning("episode_failed", episode_id=episode_id, error=f"{type(exc).__name__}: {exc}")
+        return rollout.record(
+            "error", valid=False, error=f"{type(exc).__name__}: {exc}", success=False, started=started
+        )
