@@ -1,0 +1,88 @@
+"""Importance ratios: token (PPO), sequence (GSPO eq. 7), GSPO-token (eq. 13) and TIS weights."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mcprl_grpo import gspo_token_ratios, log_ratio, sequence_ratios, tis_weights, token_ratios
+
+FAST = settings(max_examples=40, deadline=None)
+
+
+@st.composite
+def pairs(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    b, t = draw(st.integers(1, 4)), draw(st.integers(1, 6))
+    n = b * t
+    lp = draw(st.lists(st.floats(-8, 0), min_size=n, max_size=n))
+    delta = draw(st.lists(st.floats(-2, 2), min_size=n, max_size=n))
+    mask = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    lpt = torch.tensor(lp, dtype=torch.float64).reshape(b, t)
+    return lpt, lpt + torch.tensor(delta, dtype=torch.float64).reshape(b, t), torch.tensor(mask).reshape(b, t)
+
+
+@FAST
+@given(pairs())
+def test_token_ratio_is_probability_ratio_and_one_outside_mask(x) -> None:
+    lp, old, mask = x
+    r = token_ratios(lp, old, mask)
+    want = torch.where(mask, torch.exp(lp) / torch.exp(old), 1.0)
+    torch.testing.assert_close(r, want, atol=1e-12, rtol=1e-10)
+    assert torch.equal(log_ratio(lp, old, mask)[~mask], torch.zeros_like(lp[~mask]))
+
+
+@FAST
+@given(pairs())
+def test_sequence_ratio_equals_gspo_length_normalised_likelihood_ratio(x) -> None:
+    lp, old, mask = x
+    got = sequence_ratios(lp, old, mask)
+    want = []
+    for i in range(lp.shape[0]):
+        n = int(mask[i].sum())
+        p_new = math.prod(math.exp(v) for v in lp[i][mask[i]].tolist())
+        p_old = math.prod(math.exp(v) for v in old[i][mask[i]].tolist())
+        want.append((p_new / p_old) ** (1 / n) if n else 1.0)
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), atol=1e-10, rtol=1e-8)
+
+
+@FAST
+@given(pairs())
+def test_gspo_token_ratio_has_sequence_value_and_per_token_gradient(x) -> None:
+    lp, old, mask = x
+    lp = lp.clone().requires_grad_(True)
+    r = gspo_token_ratios(lp, old, mask)
+    seq = sequence_ratios(lp, old, mask).detach()
+    torch.testing.assert_close(r.detach(), torch.where(mask, seq[:, None].expand_as(lp), 1.0))
+    weights = torch.arange(lp.numel(), dtype=torch.float64).reshape(lp.shape)
+    (grad,) = torch.autograd.grad((r * weights).sum(), lp)
+    torch.testing.assert_close(grad, torch.where(mask, seq[:, None] * weights, 0.0))
+
+
+@FAST
+@given(pairs())
+def test_packed_sequence_ratios_match_padded(x) -> None:
+    lp, old, mask = x
+    b = lp.shape[0]
+    seq_ids = torch.arange(b).repeat_interleave(mask.sum(dim=1))
+    ones = torch.ones(int(mask.sum()), dtype=torch.bool)
+    packed = sequence_ratios(lp[mask], old[mask], ones, seq_ids=seq_ids)
+    padded = sequence_ratios(lp, old, mask)[: packed.shape[0]]
+    torch.testing.assert_close(packed, padded)
+
+
+@FAST
+@given(pairs(), st.sampled_from([1.0, 2.0, 5.0]))
+def test_tis_weights_truncate_or_mask_above_the_cap(x, cap: float) -> None:
+    trainer, sampler, mask = x
+    w = tis_weights(trainer, sampler, mask, cap=cap)
+    raw = torch.exp(trainer - sampler)
+    torch.testing.assert_close(w, torch.where(mask, raw.clamp(max=cap), 1.0))
+    masked = tis_weights(trainer, sampler, mask, cap=cap, mode="mask")
+    torch.testing.assert_close(masked, torch.where(mask, torch.where(raw <= cap, raw, 0.0), 1.0))
+    seq = tis_weights(trainer, sampler, mask, cap=cap, level="sequence")
+    per_seq = torch.exp(torch.where(mask, trainer - sampler, 0.0).sum(dim=1, keepdim=True)).clamp(max=cap)
+    torch.testing.assert_close(seq, torch.where(mask, per_seq.expand_as(trainer), 1.0))
+    assert not w.requires_grad
