@@ -394,12 +394,21 @@ class TrackingConfig:
 
 @attrs.frozen(kw_only=True)
 class DistributedConfig:
-    """Multi-process training with DeepSpeed (extra ``deepspeed``)."""
+    """Multi-process training with DeepSpeed (extra ``deepspeed``).
+
+    Attributes:
+        backend: ``none`` (one process) or ``deepspeed``.
+        zero_stage: ZeRO stage (1: optimizer states, 2: + gradients, 3: + parameters partitioned).
+        num_gpus: Processes/devices per node.
+        bf16: DeepSpeed bf16 mixed precision (fp32 master weights and optimizer states).
+        device_memory_gb: Memory per device assumed by ``mcprl-train plan`` (None: detect the local device).
+    """
 
     backend: Literal["none", "deepspeed"] = "none"
     zero_stage: Literal[0, 1, 2, 3] = 0
     num_gpus: int = attrs.field(default=1, validator=_ge(1))
     bf16: bool = False
+    device_memory_gb: float | None = attrs.field(default=None, validator=_gt(0.0))
 
 
 _SECTIONS: dict[str, type] = {

@@ -29,3 +29,7 @@ class RunDirError(TrainError, RuntimeError):
 
 class CheckpointError(TrainError, RuntimeError):
     """No complete, verified checkpoint could be loaded (every candidate failed its checksums)."""
+
+
+class PlanError(TrainError, ValueError):
+    """The memory plan cannot be made (model config unreadable, unknown LoRA target)."""
