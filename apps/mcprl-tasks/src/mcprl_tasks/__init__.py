@@ -1,3 +1,35 @@
-"""Task sets and deterministic task generators for the offline servers."""
+"""Task sets and deterministic task generators for the offline servers.
 
-__all__: list[str] = []
+``load_preset("demo")`` returns the shipped ``(train.json, validation.json)`` paths; :func:`generate_split`
+builds new sets; :mod:`mcprl_tasks.demos` turns tasks into warm-start demonstrations.
+"""
+
+from mcprl_tasks.demos import demo_succeeds, ideal_demo, imperfect_teacher, tool_call_text
+from mcprl_tasks.errors import TasksError, UnknownFamilyError, UnknownPresetError
+from mcprl_tasks.generate import generate_split, generate_tasks, split_combos, write_split
+from mcprl_tasks.presets import PRESETS, build_preset, load_preset
+from mcprl_tasks.registry import DEMO_FAMILIES, FAMILIES
+from mcprl_tasks.schema import read_tasks, write_tasks
+from mcprl_tasks.universe import Universe
+
+__all__ = [
+    "DEMO_FAMILIES",
+    "FAMILIES",
+    "PRESETS",
+    "TasksError",
+    "Universe",
+    "UnknownFamilyError",
+    "UnknownPresetError",
+    "build_preset",
+    "demo_succeeds",
+    "generate_split",
+    "generate_tasks",
+    "ideal_demo",
+    "imperfect_teacher",
+    "load_preset",
+    "read_tasks",
+    "split_combos",
+    "tool_call_text",
+    "write_split",
+    "write_tasks",
+]

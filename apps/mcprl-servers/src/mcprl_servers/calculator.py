@@ -1,0 +1,54 @@
+"""Calculator MCP server: ``calculate(expression)`` with exact arithmetic and a safe parser.
+
+Run it with ``python -m mcprl_servers.calculator`` (stdio) or use :func:`build_server` in process.
+"""
+
+from __future__ import annotations
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+from mcprl_servers.errors import ExpressionError
+from mcprl_servers.expression import evaluate
+from mcprl_servers.formatting import format_number
+
+__all__ = ["build_server", "calculate_text", "main"]
+
+_DESCRIPTION = (
+    "Evaluate an arithmetic expression exactly, e.g. '3 * 42.17' or 'round(42.17 / 13.05, 2)'. "
+    "Operators: + - * / // % ** (or ^), parentheses; functions: abs, min, max, round(x, n), sqrt. "
+    "Returns the result as a short decimal: integers exactly, otherwise rounded to 6 decimal places "
+    "(halves away from zero) with trailing zeros removed."
+)
+
+
+def calculate_text(expression: str) -> str:
+    """Evaluate ``expression`` and render it exactly as the ``calculate`` tool does.
+
+    Raises:
+        ExpressionError: The expression cannot be evaluated (the message is what the tool reports).
+    """
+    return format_number(evaluate(expression))
+
+
+def build_server() -> MCPServer:
+    """Build the calculator server (one tool: ``calculate``)."""
+    server = MCPServer("calculator", instructions="Exact arithmetic on expressions.")
+
+    @server.tool(description=_DESCRIPTION, structured_output=False)
+    def calculate(expression: str) -> str:
+        try:
+            return calculate_text(expression)
+        except ExpressionError as exc:
+            raise ToolError(str(exc)) from None
+
+    return server
+
+
+def main() -> None:
+    """Serve the calculator over stdio."""
+    build_server().run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any, cast
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.types import RequestParamsMeta, TextContent
+
+from mcprl_servers import calculator, finance, messaging
+from mcprl_tasks import demo_succeeds, ideal_demo, imperfect_teacher, load_preset, read_tasks
+
+_TOOL_SERVER = {
+    "get_quote": "finance",
+    "search_symbols": "finance",
+    "get_profile": "finance",
+    "calculate": "calculator",
+    "post_message": "messaging",
+    "read_messages": "messaging",
+}
+
+
+def _meta(episode: str) -> RequestParamsMeta:
+    return cast(RequestParamsMeta, {"mcprl/episode_id": episode})
+
+
+def _sample(preset: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
+    train, val = load_preset(preset)
+    tasks = read_tasks(train) + read_tasks(val)
+    return random.Random(seed).sample(tasks, n)
+
+
+def _calls(messages: list[dict[str, str]]) -> list[tuple[dict[str, Any], str]]:
+    """(tool call, tool result) pairs of a script."""
+    out = []
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant" and message["content"].startswith("<tool_call>"):
+            body = message["content"].removeprefix("<tool_call>").removesuffix("</tool_call>")
+            out.append((json.loads(body), messages[i + 1]["content"]))
+    return out
+
+
+@asynccontextmanager
+async def _clients() -> AsyncIterator[dict[str, Client]]:
+    async with AsyncExitStack() as stack:
+        servers = {"finance": finance, "calculator": calculator, "messaging": messaging}
+        yield {name: await stack.enter_async_context(Client(m.build_server())) for name, m in servers.items()}
+
+
+def test_ideal_demos_solve_every_shipped_task() -> None:
+    for preset in ("demo", "default"):
+        for path in load_preset(preset):
+            for task in read_tasks(path):
+                messages = ideal_demo(task)
+                assert demo_succeeds(task, messages), task["id"]
+                assert len(_calls(messages)) == task["metadata"]["min_tool_calls"]
+
+
+def test_demo_shape_is_user_then_tool_calls_then_answer() -> None:
+    task = next(t for t in _sample("demo", 200) if t["metadata"]["family"] == "quote_mul")
+    messages = ideal_demo(task)
+    assert messages[0] == {"role": "user", "content": task["prompt"]}
+    assert [m["role"] for m in messages[1:]] == ["assistant", "tool", "assistant", "tool", "assistant"]
+    assert messages[-1]["content"] == f"<answer>{task['answer']}</answer>"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("preset", ["demo", "default"])
+async def test_ideal_demos_replayed_through_the_real_servers_reach_the_answer(preset: str) -> None:
+    tasks = _sample(preset, 60)
+    with anyio.fail_after(60):
+        async with _clients() as clients:
+            for n, task in enumerate(tasks):
+                episode = f"demo-{preset}-{n}"
+                messages = ideal_demo(task)
+                for call, expected in _calls(messages):
+                    result = await clients[_TOOL_SERVER[call["name"]]].call_tool(
+                        call["name"],
+                        call["arguments"],
+                        meta=_meta(episode),
+                    )
+                    (content,) = result.content
+                    assert isinstance(content, TextContent)
+                    assert not result.is_error, content.text
+                    assert content.text == expected, (task["id"], call)
+                checker = task["checker"]
+                if checker["type"] == "message_posted":
+                    read = await clients["messaging"].call_tool(
+                        "read_messages",
+                        {"channel": checker["channel"], "limit": 100},
+                        meta=_meta(episode),
+                    )
+                    (content,) = read.content
+                    assert isinstance(content, TextContent)
+                    texts = [m["text"] for m in json.loads(content.text)["messages"]]
+                    assert any(checker["contains"] in t for t in texts)
+                    assert messages[-1]["content"] == f"<answer>{task['answer']}</answer>"
+
+
+def test_imperfect_teacher_succeeds_about_half_the_time_on_the_demo_preset() -> None:
+    tasks = read_tasks(load_preset("demo")[0])
+    rng = random.Random(0)
+    rate = sum(demo_succeeds(t, imperfect_teacher(t, rng)) for t in tasks) / len(tasks)
+    assert 0.5 <= rate <= 0.62
+
+
+def test_imperfect_teacher_makes_each_kind_of_mistake_reproducibly() -> None:
+    tasks = _sample("demo", 400)
+    first = [imperfect_teacher(t, random.Random(i)) for i, t in enumerate(tasks)]
+    again = [imperfect_teacher(t, random.Random(i)) for i, t in enumerate(tasks)]
+    assert first == again
+    lengths = [len(_calls(m)) - t["metadata"]["min_tool_calls"] for t, m in zip(tasks, first, strict=True)]
+    assert any(d < 0 for d in lengths)  # skipped a lookup
+    assert any(d > 0 for d in lengths)  # needless call
+    wrong_but_complete = [
+        t for t, m, d in zip(tasks, first, lengths, strict=True) if d >= 0 and not demo_succeeds(t, m)
+    ]
+    assert wrong_but_complete  # answered wrongly despite looking everything up
+
+
+def test_perfect_settings_reproduce_the_ideal_demo() -> None:
+    for task in _sample("default", 50):
+        clean = imperfect_teacher(
+            task, random.Random(0), p_skip_lookup=0.0, p_extra_call=0.0, p_wrong_answer=0.0
+        )
+        assert clean == ideal_demo(task)
+
+
+def test_probabilities_outside_the_unit_interval_are_refused() -> None:
+    task = _sample("demo", 1)[0]
+    with pytest.raises(ValueError, match="probabilities"):
+        imperfect_teacher(task, random.Random(0), p_skip_lookup=1.5)
