@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import resource
+import secrets
 import socket
 import sys
 import time
@@ -27,7 +28,6 @@ from mcprl_servers.sandbox import SandboxConfig
 pytestmark = pytest.mark.anyio
 
 CANARY = f"mcprl-canary-{uuid.uuid4().hex}"
-_UID_RANGE = (1_000_000_000, 1_100_000_000)
 
 
 @pytest.fixture
@@ -36,10 +36,12 @@ def anyio_backend() -> str:
 
 
 def _config(**overrides: object) -> SandboxConfig:
+    # A private uid range per config, so process counts never see another test run's sandboxes.
+    low = 1_000_000_000 + secrets.randbelow(1_000_000) * 100
     values: dict[str, object] = {
         "deadline_s": 2.0,
         "memory_bytes": 256 * 1024 * 1024,
-        "uid_range": _UID_RANGE,
+        "uid_range": (low, low + 100),
     }
     values.update(overrides)
     return SandboxConfig(**values)  # pyright: ignore[reportArgumentType]
@@ -77,7 +79,7 @@ def _host_processes_with(marker: str) -> list[int]:
     return found
 
 
-def _host_sandbox_processes() -> int:
+def _host_sandbox_processes(config: SandboxConfig) -> int:
     count = 0
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -87,7 +89,7 @@ def _host_sandbox_processes() -> int:
                 )
             except (OSError, StopIteration):
                 continue
-            if _UID_RANGE[0] <= int(uid_line.split()[1]) < _UID_RANGE[1]:
+            if config.uid_range[0] <= int(uid_line.split()[1]) < config.uid_range[1]:
                 count += 1
     return count
 
@@ -185,22 +187,23 @@ async def test_fork_bomb_is_contained_even_as_root() -> None:
             async def sample() -> None:
                 nonlocal peak
                 while not done.is_set():
-                    peak = max(peak, _host_sandbox_processes())
+                    peak = max(peak, _host_sandbox_processes(config))
                     await anyio.sleep(0.05)
 
             tg.start_soon(sample)
             is_error, text = await _run(client, code)
             done.set()
-        assert _host_sandbox_processes() == 0
+        assert _host_sandbox_processes(config) == 0
     assert is_error
     assert "timed out" in text
     assert 0 < peak <= config.processes
 
 
 async def test_plain_fork_bomb_fails_with_a_clear_error() -> None:
-    async with _client(_config(processes=16)) as client:
+    config = _config(processes=16)
+    async with _client(config) as client:
         is_error, text = await _run(client, "import os\nwhile True:\n    os.fork()")
-        assert _host_sandbox_processes() == 0
+        assert _host_sandbox_processes(config) == 0
     assert is_error
     assert "Resource temporarily unavailable" in text
     assert "processes 16" in text

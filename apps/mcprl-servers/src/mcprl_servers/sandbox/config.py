@@ -85,7 +85,7 @@ class SandboxConfig:
     scratch_bytes: int = attrs.field(default=64 * _MIB, validator=_positive)
     scratch_inodes: int = attrs.field(default=4096, validator=_positive)
     open_files: int = attrs.field(default=256, validator=_positive)
-    processes: int = attrs.field(default=32, validator=_positive)
+    processes: int = attrs.field(default=16, validator=_positive)
     output_cap_bytes: int = attrs.field(default=_MIB, validator=_positive)
     result_chars: int = attrs.field(default=16_384, validator=_positive)
     error_tail_chars: int = attrs.field(default=2_000, validator=_positive)

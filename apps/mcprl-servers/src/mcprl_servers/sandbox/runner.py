@@ -71,6 +71,7 @@ class _Capture:
     total: int = 0
     capped: bool = False
     events: list[dict[str, Any]] = attrs.field(factory=list)
+    supervisor_pidfd: int | None = None
 
 
 def _command(config: SandboxConfig, args: dict[str, Any]) -> list[str]:
@@ -115,7 +116,12 @@ async def _read_status(fd: int, capture: _Capture) -> None:
             return
         pending += chunk
         *lines, pending = pending.split(b"\n")
-        capture.events.extend(json.loads(line) for line in lines if line)
+        for line in filter(None, lines):
+            event = json.loads(line)
+            capture.events.append(event)
+            if event["event"] == "supervisor" and capture.supervisor_pidfd is None:
+                with contextlib.suppress(ProcessLookupError):
+                    capture.supervisor_pidfd = os.pidfd_open(event["host_pid"])
 
 
 async def _feed(process: Process, code: bytes) -> None:
@@ -190,6 +196,7 @@ async def run_sandboxed(code: str, config: SandboxConfig) -> RunOutcome:
         "scratch_bytes": config.scratch_bytes,
         "scratch_inodes": config.scratch_inodes,
         "limits": config.limits(),
+        "deadline_s": config.deadline_s,
     }
     capture = _Capture(cap=config.output_cap_bytes)
     start = time.monotonic()
@@ -235,6 +242,11 @@ async def run_sandboxed(code: str, config: SandboxConfig) -> RunOutcome:
             await kill()
             with anyio.move_on_after(_REAP_GRACE_S):
                 await process.wait()
+                if capture.supervisor_pidfd is not None:
+                    # unshare may die first when killed; the namespace is empty once its init has exited.
+                    await anyio.wait_readable(capture.supervisor_pidfd)
+            if capture.supervisor_pidfd is not None:
+                os.close(capture.supervisor_pidfd)
             await process.aclose()
             os.close(status_r)
             if config.isolation == "process":

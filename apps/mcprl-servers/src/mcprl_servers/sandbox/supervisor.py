@@ -22,8 +22,10 @@ import contextlib
 import ctypes
 import json
 import linecache
+import math
 import os
 import resource
+import signal
 import sys
 import traceback
 from typing import Any
@@ -194,6 +196,9 @@ def main() -> None:
     """Entry point: read the code, isolate, run it in a child, report its exit."""
     args = json.loads(sys.argv[1])
     status_fd = args["status_fd"]
+    # /proc is still the host's here: report our host pid so the server can wait for our exit,
+    # which (as PID 1) comes only after the kernel has killed the rest of the namespace.
+    _report(status_fd, {"event": "supervisor", "host_pid": int(os.readlink("/proc/self"))})
     code = sys.stdin.buffer.read()
     try:
         if args["mode"] == "namespaces":
@@ -206,6 +211,9 @@ def main() -> None:
     if pid == 0:
         _run_model_code(code, args)
     _report(status_fd, {"event": "started"})
+    # Backstop if the server dies without killing us: exiting PID 1 kills the whole namespace.
+    signal.signal(signal.SIGALRM, lambda *_: os._exit(0))
+    signal.alarm(math.ceil(args["deadline_s"]) + 2)
     while True:
         # As PID 1 this loop also reaps orphans; it ends when the model's own process exits.
         done, wait_status, _ = os.wait3(0)

@@ -1,0 +1,151 @@
+"""Sandbox isolation levels, configuration, and the backstop when the server itself dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+
+import anyio
+import pytest
+
+from mcprl_servers.python_sandbox import format_outcome
+from mcprl_servers.sandbox import SandboxConfig, run_sandboxed
+
+pytestmark = pytest.mark.anyio
+_IS_ROOT = os.geteuid() == 0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _marked(marker: str) -> list[int]:
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _daemon_code(marker: str) -> str:
+    return f"""
+import os
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv("/bin/sh", ["/bin/sh", "-c", "sleep 1000; true", "{marker}"])
+    os._exit(0)
+os.wait()
+print("spawned", flush=True)
+"""
+
+
+async def _wait_exit(pid: int) -> None:
+    """Wait (event-driven, via a pidfd) until ``pid`` has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        await anyio.wait_readable(fd)
+    finally:
+        os.close(fd)
+
+
+async def test_namespaces_child_sees_only_standard_descriptors() -> None:
+    config = SandboxConfig(deadline_s=5.0)
+    outcome = await run_sandboxed("import os\nprint(sorted(os.listdir('/proc/self/fd')))", config)
+    # 0, 1, 2 and the descriptor listdir itself opened: no status pipe, no server descriptors.
+    assert format_outcome(outcome, config).strip() == "['0', '1', '2', '3']"
+
+
+async def test_namespaces_child_runs_unprivileged_and_cannot_regain_root() -> None:
+    config = SandboxConfig(deadline_s=5.0)
+    code = "import os\nprint(os.getuid(), os.getgid(), os.getgroups())\nos.setuid(0)"
+    outcome = await run_sandboxed(code, config)
+    assert outcome.status == "exited"
+    assert outcome.exit_code == 1
+    uid = int(outcome.stdout.split()[0])
+    assert config.uid_range[0] <= uid < config.uid_range[1] or not _IS_ROOT
+    assert b"PermissionError" in outcome.stderr
+
+
+async def test_memory_bomb_peak_rss_stays_under_the_limit() -> None:
+    config = SandboxConfig(deadline_s=10.0, memory_bytes=128 * 1024 * 1024)
+    outcome = await run_sandboxed("blocks = []\nwhile True:\n    blocks.append(bytearray(10**6))", config)
+    assert outcome.status == "exited"
+    assert b"MemoryError" in outcome.stderr
+    assert outcome.peak_rss_kib is not None
+    assert outcome.peak_rss_kib * 1024 <= config.memory_bytes
+
+
+@pytest.mark.skipif(not _IS_ROOT, reason="the uid sweep of process isolation needs root")
+async def test_process_isolation_runs_in_a_deleted_scratch_dir_and_kills_escapees() -> None:
+    marker = f"mcprl-marker-{uuid.uuid4().hex}"
+    config = SandboxConfig(deadline_s=5.0, isolation="process")
+    code = _daemon_code(marker) + "import os\nprint(os.getcwd(), dict(os.environ))"
+    outcome = await run_sandboxed(code, config)
+    text = format_outcome(outcome, config)
+    assert "spawned" in text
+    scratch = text.split()[1]
+    assert scratch.startswith("/tmp/mcprl-sandbox-")
+    assert text.split(maxsplit=2)[2].strip() == "{}"
+    assert not await anyio.Path(scratch).exists()
+    assert _marked(marker) == []
+
+
+async def test_process_isolation_says_network_is_not_isolated() -> None:
+    assert "network not isolated" in SandboxConfig(isolation="process").describe_limits()
+    assert "no network" in SandboxConfig().describe_limits()
+
+
+async def test_sandbox_dies_with_its_server_at_the_deadline_backstop() -> None:
+    marker = f"mcprl-marker-{uuid.uuid4().hex}"
+    code = _daemon_code(marker) + "import time\ntime.sleep(1000)"
+    script = (
+        "import anyio, sys\n"
+        "from mcprl_servers.sandbox import SandboxConfig, run_sandboxed\n"
+        "anyio.run(run_sandboxed, sys.stdin.read(), SandboxConfig(deadline_s=2.0))\n"
+    )
+    async with await anyio.open_process([sys.executable, "-c", script], stdout=None, stderr=None) as server:
+        assert server.stdin is not None
+        await server.stdin.send(code.encode())
+        await server.stdin.aclose()
+        with anyio.fail_after(15):
+            while not (daemons := _marked(marker)):  # noqa: ASYNC110 - no event exists for "a process appeared"
+                await anyio.sleep(0.05)
+        server.send_signal(signal.SIGKILL)  # the server dies without cleaning up
+        await server.wait()
+    with anyio.fail_after(2.0 + 4.0):
+        for pid in daemons:
+            await _wait_exit(pid)
+    assert _marked(marker) == []
+
+
+def test_config_rejects_unknown_environment_settings() -> None:
+    with pytest.raises(ValueError, match="MCPRL_SANDBOX_DEADLINE"):
+        SandboxConfig.from_env({"MCPRL_SANDBOX_DEADLINE": "5"})
+
+
+def test_config_reads_limits_from_the_environment() -> None:
+    config = SandboxConfig.from_env({"MCPRL_SANDBOX_DEADLINE_S": "3.5", "MCPRL_SANDBOX_PROCESSES": "8"})
+    assert config.deadline_s == 3.5
+    assert config.limits()["nproc"] == 8
+
+
+def test_config_rejects_a_scratch_dir_outside_hidden_paths() -> None:
+    with pytest.raises(ValueError, match="scratch_dir"):
+        SandboxConfig(scratch_dir="/var/lib/sandbox")
+
+
+def test_config_rejects_non_positive_limits() -> None:
+    with pytest.raises(ValueError, match="deadline_s"):
+        SandboxConfig(deadline_s=0)
