@@ -33,3 +33,7 @@ class CheckpointError(TrainError, RuntimeError):
 
 class PlanError(TrainError, ValueError):
     """The memory plan cannot be made (model config unreadable, unknown LoRA target)."""
+
+
+class TrackingError(TrainError, RuntimeError):
+    """Experiment tracking was requested but cannot start (missing extra, weave without an API key)."""

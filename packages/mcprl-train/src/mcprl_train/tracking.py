@@ -1,0 +1,245 @@
+"""Logging and experiment tracking: the only place mcprl configures structlog, wandb and weave.
+
+- `configure_logging`: structlog renders to stderr with colours on a TTY and as JSON lines otherwise, and
+  tees every event as a JSON line into the run's ``training.log``. Libraries only call
+  ``structlog.get_logger()``.
+- `Tracker`: wandb + weave for one run. ``tracking.wandb: auto`` is online when ``WANDB_API_KEY`` is set and
+  offline (files under the run directory, ``wandb sync`` later) without it; ``WANDB_MODE`` in the environment
+  wins over ``auto``; ``disabled`` never imports wandb. ``tracking.weave: true`` traces every episode as a
+  weave call; weave has no offline mode, so it needs ``WANDB_API_KEY`` (or ``WEAVE_DISABLED=true``, which
+  makes it a no-op) — otherwise `Tracker.start` fails with an error saying so.
+- `Tracker.hook` is a `mcprl_train.trainer.Trainer` hook: after each step it forwards the new metrics
+  records to wandb and the new ``trajectories.jsonl`` lines to weave.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import structlog
+
+from mcprl_train.config import Config
+from mcprl_train.errors import TrackingError
+from mcprl_train.rundir import RunDir
+
+__all__ = ["Tracker", "configure_logging", "resolve_wandb_mode"]
+
+logger = structlog.get_logger()
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_WANDB_HINT = "install the tracking extra: pip install 'mcprl-train[tracking]' (or uv sync --extra tracking)"
+
+
+class _JsonLinesTee:
+    """A structlog processor writing each event dict as one JSON line to a file (then passing it on)."""
+
+    def __init__(self, handle: IO[str]) -> None:
+        self.handle = handle
+
+    def __call__(self, _logger: Any, _name: str, event_dict: structlog.typing.EventDict) -> Any:
+        self.handle.write(json.dumps(event_dict, default=str) + "\n")
+        self.handle.flush()
+        return event_dict
+
+
+_log_file: IO[str] | None = None
+
+
+def configure_logging(
+    *, level: str = "info", log_file: Path | None = None, json_output: bool | None = None
+) -> None:
+    """Configure structlog for the process (call once, from the CLI).
+
+    Args:
+        level: Minimum level (``debug``, ``info``, ``warning``, ``error``).
+        log_file: Also append every event as a JSON line here (the run's ``training.log``).
+        json_output: Render the console as JSON lines; default: colours on a TTY, JSON otherwise.
+    """
+    global _log_file
+    if _log_file is not None:
+        _log_file.close()
+        _log_file = None
+    use_json = (not sys.stderr.isatty()) if json_output is None else json_output
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+        structlog.processors.format_exc_info,
+    ]
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        _log_file = log_file.open("a", encoding="utf-8")
+        processors.append(_JsonLinesTee(_log_file))
+    processors.append(
+        structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=True)
+    )
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+WandbMode = Literal["online", "offline", "disabled"]
+
+
+def resolve_wandb_mode(setting: str, env: Mapping[str, str] | None = None) -> WandbMode:
+    """The wandb mode for ``tracking.wandb`` = ``setting`` given the environment.
+
+    ``auto``: ``WANDB_MODE`` if set, else online with ``WANDB_API_KEY``, else offline.
+    """
+    environ = os.environ if env is None else env
+    match setting:
+        case "online" | "offline" | "disabled":
+            return setting
+        case "auto":
+            forced = environ.get("WANDB_MODE", "").strip().lower()
+            if forced in ("online", "offline", "disabled"):
+                return forced  # type: ignore[return-value]
+            if forced == "dryrun":
+                return "offline"
+            return "online" if environ.get("WANDB_API_KEY") else "offline"
+        case _:
+            raise TrackingError(f"tracking.wandb: unknown mode {setting!r}")
+
+
+def _weave_disabled(env: Mapping[str, str]) -> bool:
+    return env.get("WEAVE_DISABLED", "").strip().lower() in ("1", "true", "yes")
+
+
+class Tracker:
+    """wandb metrics and weave episode traces of one run.
+
+    Args:
+        config: The resolved config (``tracking`` section; logged as the wandb run config).
+        run_dir: The run directory (wandb files go to ``<run>/wandb``; trajectories are read from it).
+    """
+
+    def __init__(self, config: Config, run_dir: RunDir) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.wandb_mode: WandbMode = "disabled"
+        self._wandb_run: Any = None
+        self._weave_op: Any = None
+        self._metrics_seen = 0
+        self._trajectory_offset = 0
+
+    def start(self, env: Mapping[str, str] | None = None) -> Tracker:
+        """Start wandb and weave as configured.
+
+        Raises:
+            TrackingError: wandb/weave requested but not installed, or weave enabled without an API key.
+        """
+        environ = os.environ if env is None else env
+        tracking = self.config.tracking
+        self.wandb_mode = resolve_wandb_mode(tracking.wandb, environ)
+        if tracking.weave and not _weave_disabled(environ) and not environ.get("WANDB_API_KEY"):
+            raise TrackingError(
+                "tracking.weave is enabled but WANDB_API_KEY is not set: weave has no offline mode. "
+                "Set WANDB_API_KEY, or tracking.weave=false, or WEAVE_DISABLED=true"
+            )
+        if self.wandb_mode != "disabled":
+            self._start_wandb(explicit=tracking.wandb != "auto")
+        if tracking.weave:
+            self._start_weave()
+        return self
+
+    def _start_wandb(self, *, explicit: bool) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            if explicit:
+                raise TrackingError(f"tracking.wandb={self.wandb_mode} needs wandb: {_WANDB_HINT}") from exc
+            logger.info("wandb_unavailable", hint=_WANDB_HINT)
+            self.wandb_mode = "disabled"
+            return
+        self._wandb_run = wandb.init(
+            project=self.config.tracking.project,
+            name=self.run_dir.name,
+            id=_wandb_id(self.run_dir),
+            resume="allow",
+            dir=str(self.run_dir.path),
+            config=self.config.to_dict(),
+            mode=self.wandb_mode,
+        )
+        logger.info("wandb_started", mode=self.wandb_mode, dir=str(self.run_dir.path / "wandb"))
+
+    def _start_weave(self) -> None:
+        try:
+            import weave
+        except ImportError as exc:
+            raise TrackingError(f"tracking.weave needs weave: {_WANDB_HINT}") from exc
+        weave.init(self.config.tracking.project)
+
+        @weave.op(name="episode")
+        def episode(record: dict[str, Any]) -> dict[str, Any]:
+            return {k: record.get(k) for k in ("reward", "success", "valid", "stop_reason", "answer")}
+
+        self._weave_op = episode
+
+    # -- forwarding ---------------------------------------------------------------------------------------
+
+    def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Send numeric metrics of ``step`` to wandb (no-op when disabled)."""
+        if self._wandb_run is None:
+            return
+        numeric = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        self._wandb_run.log(numeric, step=step)
+
+    def trace_episodes(self, records: list[dict[str, Any]]) -> int:
+        """Record each episode as a weave call; returns how many were traced."""
+        if self._weave_op is None:
+            return 0
+        for record in records:
+            self._weave_op(record)
+        return len(records)
+
+    def hook(self, event: str, trainer: Any) -> None:
+        """A `Trainer` hook: after each step, forward new metrics records and new trajectories."""
+        if event not in ("after_step", "after_checkpoint"):
+            return
+        history: list[dict[str, Any]] = getattr(trainer, "history", [])
+        for record in history[self._metrics_seen :]:
+            prefix = "" if record.get("kind") == "grpo" else f"{record.get('kind')}/"
+            metrics = {k if "/" in k or not prefix else f"{prefix}{k}": v for k, v in record.items()}
+            self.log_metrics(int(record.get("step", 0)), metrics)
+        self._metrics_seen = len(history)
+        if self._weave_op is not None:
+            self.trace_episodes(self._new_trajectories())
+
+    def _new_trajectories(self) -> list[dict[str, Any]]:
+        path = self.run_dir.trajectories_path
+        if not path.exists():
+            return []
+        with path.open("rb") as handle:
+            handle.seek(self._trajectory_offset)
+            data = handle.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self._trajectory_offset += len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+    def finish(self) -> None:
+        """Close the wandb run (flushes offline files)."""
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+            self._wandb_run = None
+        if self._weave_op is not None:
+            import weave
+
+            weave.finish()
+            self._weave_op = None
+
+
+def _wandb_id(run_dir: RunDir) -> str:
+    """A stable wandb run id per run directory, so a resumed run continues the same wandb run."""
+    import hashlib
+
+    return hashlib.sha256(str(run_dir.path.resolve()).encode()).hexdigest()[:16]

@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import structlog
+
+from mcprl_train.config import Config
+from mcprl_train.errors import TrackingError
+from mcprl_train.rundir import RunDir
+from mcprl_train.tracking import Tracker, configure_logging, resolve_wandb_mode
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> Iterator[None]:
+    yield
+    configure_logging(json_output=True)  # closes the test's log file
+    structlog.reset_defaults()
+
+
+@pytest.mark.parametrize(
+    ("setting", "env", "mode"),
+    [
+        ("auto", {}, "offline"),
+        ("auto", {"WANDB_API_KEY": "k"}, "online"),
+        ("auto", {"WANDB_API_KEY": "k", "WANDB_MODE": "disabled"}, "disabled"),
+        ("auto", {"WANDB_MODE": "dryrun"}, "offline"),
+        ("offline", {"WANDB_API_KEY": "k"}, "offline"),
+        ("disabled", {"WANDB_API_KEY": "k"}, "disabled"),
+    ],
+)
+def test_wandb_mode_is_offline_without_a_key_and_online_with_one(
+    setting: str, env: dict[str, str], mode: str
+) -> None:
+    assert resolve_wandb_mode(setting, env) == mode
+
+
+def test_logging_writes_json_lines_to_stderr_and_the_training_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log_file = tmp_path / "training.log"
+    configure_logging(level="info", log_file=log_file, json_output=True)
+    log = structlog.get_logger()
+    log.debug("hidden_event")
+    log.info("step_done", step=3, reward=0.5)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [json.loads(line)["event"] for line in err] == ["step_done"]
+    record = json.loads(log_file.read_text().strip())
+    assert (record["event"], record["step"], record["level"]) == ("step_done", 3, "info")
+    assert "timestamp" in record
+
+
+def test_console_rendering_is_not_json(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging(json_output=False)
+    structlog.get_logger().info("hello_console", x=1)
+    err = capsys.readouterr().err
+    assert "hello_console" in err
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(err)
+
+
+def _run_dir(tmp_path: Path, *overrides: str) -> tuple[Config, RunDir]:
+    config = Config.load(overrides=[f"run.output_dir={tmp_path}", "run.name=t", *overrides])
+    return config, RunDir.create(config)
+
+
+def test_weave_without_a_key_is_a_clear_error(tmp_path: Path) -> None:
+    config, run_dir = _run_dir(tmp_path, "tracking.weave=true", "tracking.wandb=disabled")
+    with pytest.raises(TrackingError, match="WANDB_API_KEY is not set: weave has no offline mode"):
+        Tracker(config, run_dir).start(env={})
+
+
+def test_disabled_weave_traces_episodes_as_plain_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WEAVE_DISABLED", "true")
+    config, run_dir = _run_dir(tmp_path, "tracking.weave=true", "tracking.wandb=disabled")
+    tracker = Tracker(config, run_dir).start()
+    run_dir.append_trajectories(1, [{"episode_id": "a", "reward": 1.0}, {"episode_id": "b", "reward": 0.0}])
+    with run_dir.trajectories_path.open("a") as handle:
+        handle.write('{"torn')
+    trainer = SimpleNamespace(history=[])
+    assert tracker._new_trajectories() == [
+        {"run": "t", "step": 1, "episode_id": "a", "reward": 1.0},
+        {"run": "t", "step": 1, "episode_id": "b", "reward": 0.0},
+    ]
+    assert tracker.trace_episodes([{"reward": 1.0}]) == 1
+    tracker.hook("after_step", trainer)
+    tracker.finish()
+
+
+def test_offline_wandb_receives_the_trainer_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    config, run_dir = _run_dir(tmp_path)
+    tracker = Tracker(config, run_dir).start()
+    assert tracker.wandb_mode == "offline"
+    trainer = SimpleNamespace(history=[{"kind": "grpo", "step": 1, "loss/policy": 0.25, "stage": "grpo"}])
+    tracker.hook("after_step", trainer)
+    trainer.history.append({"kind": "eval", "step": 1, "val/success_rate": 0.5})
+    tracker.hook("after_step", trainer)
+    assert tracker._metrics_seen == 2
+    tracker.finish()
+    runs = list((run_dir.path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    assert list(runs[0].glob("*.wandb"))
