@@ -64,7 +64,7 @@ def _redacted_mapping(value: Mapping[str, str]) -> str:
     return "{" + ", ".join(f"{k!r}: '***'" for k in value) + "}"
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)
 class ServerConfig:
     """One MCP server: how to reach it and how mcprl treats it.
 
@@ -96,10 +96,10 @@ class ServerConfig:
     transport: Transport
     command: str | None = None
     args: tuple[str, ...] = ()
-    env: Mapping[str, str] = attrs.field(factory=dict, repr=_redacted_mapping)
+    env: Mapping[str, str] = attrs.field(factory=dict)
     cwd: str | None = None
     url: str | None = None
-    headers: Mapping[str, str] = attrs.field(factory=dict, repr=_redacted_mapping)
+    headers: Mapping[str, str] = attrs.field(factory=dict)
     call_timeout: float = attrs.field(default=15.0, validator=_positive)
     start_timeout: float = attrs.field(default=30.0, validator=_positive)
     ping_timeout: float = attrs.field(default=5.0, validator=_positive)
@@ -112,7 +112,7 @@ class ServerConfig:
     aliases: Mapping[str, str] = attrs.field(factory=dict)
     on_catalogue_change: CatalogueChangePolicy = "warn"
     health_interval: float | None = None
-    secrets: frozenset[str] = attrs.field(factory=frozenset, repr=False)
+    secrets: frozenset[str] = attrs.field(factory=frozenset)
 
     def __attrs_post_init__(self) -> None:
         match self.transport:
@@ -124,6 +124,14 @@ class ServerConfig:
                     raise ValueError(f"server {self.name!r}: http transport needs a url")
             case "memory":
                 pass
+
+    def __repr__(self) -> str:
+        fields = ", ".join(
+            f"{f.name}={_redacted_mapping(v) if f.name in ('env', 'headers') else repr(v)}"
+            for f in attrs.fields(type(self))
+            if f.name != "secrets" and (v := getattr(self, f.name)) != f.default
+        )
+        return self.redact(f"ServerConfig({fields})")
 
     def redact(self, text: str) -> str:
         """Replace every secret value of this server in `text` with `***`."""

@@ -104,8 +104,8 @@ class ToolManager:
             for runner in self._runners.values():
                 await runner.first_attempt_done.wait()
             self._check_starts()
-        except BaseException as exc:
-            await self._shutdown(exc)
+        except BaseException:
+            await self._shutdown()
             raise
         self._set_catalogue(
             build_catalogue({n: r.tools for n, r in self._runners.items() if r.state != "unavailable"})
@@ -148,14 +148,15 @@ class ToolManager:
         if self._recorder is not None:
             self._recorder.close()
             self._recorder = None
-        await self._shutdown(exc)
+        await self._shutdown()
 
-    async def _shutdown(self, exc: BaseException | None) -> None:
+    async def _shutdown(self) -> None:
         for runner in self._runners.values():
             runner.stop()
         if self._tg is not None:
             tg, self._tg = self._tg, None
-            await tg.__aexit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
+            # The caller's exception is not the servers' business: it propagates from the caller's frame.
+            await tg.__aexit__(None, None, None)
 
     # -- catalogue ------------------------------------------------------------------------------------------
 
@@ -256,11 +257,7 @@ class ToolManager:
             return self._fail(
                 name, server, "invalid_arguments", f"Invalid arguments for {name}: {problem}", start
             )
-        runner = self._runners[server]
-        if runner.catalogue_changed and runner.cfg.on_catalogue_change == "refuse":
-            text = f"Tool {name} refused: the tool catalogue of server {server!r} changed since start"
-            return self._fail(name, server, "catalogue_changed", text, start)
-        return await self._call_server(name, spec, runner, args, episode_id, start)
+        return await self._call_server(name, spec, self._runners[server], args, episode_id, start)
 
     async def _call_server(
         self,
@@ -281,6 +278,9 @@ class ToolManager:
             detail = runner.last_error or runner.start_error or runner.state
             text = f"Tool {name} unavailable: server {cfg.name!r} is {runner.state} ({detail})"
             return self._fail(name, cfg.name, "unavailable", text, start)
+        if runner.catalogue_changed and cfg.on_catalogue_change == "refuse":
+            text = f"Tool {name} refused: the tool catalogue of server {cfg.name!r} changed since start"
+            return self._fail(name, cfg.name, "catalogue_changed", text, start)
         async with runner.limiter:
             runner.inflight += 1
             runner.inflight_max = max(runner.inflight_max, runner.inflight)

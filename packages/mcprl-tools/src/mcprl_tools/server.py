@@ -108,6 +108,10 @@ class ServerRunner:
 
     def _report_lost(self) -> None:
         self._lost = True
+        if self.state in ("ready", "checking"):
+            # Synchronously, so no call lands on the dead session before the supervisor wakes up.
+            self.conn = None
+            self._set_state("restarting")
         self._wake.set()
 
     async def wait_ready(self) -> Connection | None:

@@ -19,6 +19,7 @@ parser.add_argument("--exit-before-init", action="store_true")
 parser.add_argument("--junk-at-start", action="store_true")
 parser.add_argument("--ignore-sigterm", action="store_true")
 parser.add_argument("--variant-file", default=None)
+parser.add_argument("--http-port", type=int, default=None)
 opts = parser.parse_args()
 
 if opts.exit_before_init:
@@ -30,6 +31,7 @@ if opts.junk_at_start:
     sys.stdout.write("this is not json\n{broken\n")
     sys.stdout.flush()
 
+import anyio  # noqa: E402
 from mcp.server.mcpserver import Context, MCPServer  # noqa: E402
 from mcp.server.mcpserver.exceptions import ToolError  # noqa: E402
 
@@ -45,6 +47,27 @@ def echo(text: str) -> str:
 @server.tool(description="Add two integers.")
 def add(a: int, b: int) -> int:
     return a + b
+
+
+_inflight = 0
+_inflight_max = 0
+
+
+@server.tool(description="Sleep without blocking, counting concurrent calls; returns the text.")
+async def nap(seconds: float, text: str = "") -> str:
+    global _inflight, _inflight_max
+    _inflight += 1
+    _inflight_max = max(_inflight_max, _inflight)
+    try:
+        await anyio.sleep(seconds)
+    finally:
+        _inflight -= 1
+    return text
+
+
+@server.tool(description="Most calls seen in flight at once by this process.")
+def max_inflight() -> int:
+    return _inflight_max
 
 
 @server.tool(description="Return the process id of the server.")
@@ -93,4 +116,7 @@ def getenv(name: str) -> str:
 
 
 if __name__ == "__main__":
-    server.run()
+    if opts.http_port is not None:
+        server.run("streamable-http", host="127.0.0.1", port=opts.http_port)
+    else:
+        server.run()
