@@ -109,11 +109,11 @@ class TemplateDriftError(EnvError, RuntimeError):
         rendered: Text the template rendered around that offset.
     """
 
-    def __init__(self, position: int, expected: str, rendered: str) -> None:
+    def __init__(self, position: int, expected: str, rendered: str, *, before: str = "") -> None:
         self.position = position
         self.expected = expected
         self.rendered = rendered
         super().__init__(
-            f"chat template re-rendered earlier tokens differently at char {position}: "
+            f"chat template re-rendered earlier tokens differently at char {position} (after {before!r}): "
             f"held {expected!r}, rendered {rendered!r}"
         )

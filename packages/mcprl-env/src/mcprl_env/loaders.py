@@ -30,6 +30,7 @@ _WS = " \t\r\n"
 # Where JSONDecodeError points when the input merely stopped early: the end of the buffer, the start of a
 # cut literal ("tru"), number or escape (all within a few chars of the end), or the start of a cut string.
 _CUT_MARGIN = 10
+_DECODER = json.JSONDecoder()
 
 
 @attrs.frozen
@@ -92,7 +93,7 @@ class _Reader:
         return TaskValidationError(reason, source=self._source, line=self.line, index=index)
 
     def decode_value(self, index: int | None) -> object:
-        decoder = json.JSONDecoder()
+        decoder = _DECODER
         size = _CHUNK
         while True:
             try:
@@ -144,6 +145,8 @@ def _iter_array(fh: BinaryIO, source: str, max_item_chars: int) -> Iterator[_Raw
         elif char == "]":
             reader.advance(1)
             break
+        elif char is None:
+            raise reader.error("unexpected end of file inside the task array", index - 1)
         else:
             raise reader.error(f"expected ',' or ']' after item, got {char!r}", index - 1)
     if reader.skip_ws() is not None:

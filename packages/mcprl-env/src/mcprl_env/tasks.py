@@ -261,7 +261,8 @@ def task_from_dict(raw: object) -> Task:
         isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1
     ):
         raise TaskValidationError("must be an integer >= 1", field="max_turns")
-    metadata = raw.get("metadata") or {}
+    metadata = raw.get("metadata")
+    metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict):
         raise TaskValidationError("must be an object", field="metadata")
     return Task(

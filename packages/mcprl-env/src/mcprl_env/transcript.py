@@ -117,7 +117,9 @@ class Transcript:
             suffix = rendered[len(self.text) :]
             return suffix, list(self._tok.encode(suffix, add_special_tokens=False)), False
         at = _first_difference(self.text, rendered)
-        drift = TemplateDriftError(at, self.text[at : at + 80], rendered[at : at + 80])
+        drift = TemplateDriftError(
+            at, self.text[at : at + 80], rendered[at : at + 80], before=self.text[max(0, at - 30) : at]
+        )
         if self._on_drift == "raise":
             raise drift
         # Report mode: keep the sampled ids and append what the template adds after the held conversation.
