@@ -149,3 +149,29 @@ def test_config_rejects_a_scratch_dir_outside_hidden_paths() -> None:
 def test_config_rejects_non_positive_limits() -> None:
     with pytest.raises(ValueError, match="deadline_s"):
         SandboxConfig(deadline_s=0)
+
+
+def test_config_never_hides_system_directories(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="system directory"):
+        SandboxConfig(hidden_paths=("/tmp", "/usr"))
+    monkeypatch.chdir("/")
+    assert "/" not in SandboxConfig().hidden_paths
+
+
+async def test_nested_user_namespace_cannot_unhide_or_make_writable() -> None:
+    config = SandboxConfig(deadline_s=5.0)
+    home_file = Path.home() / f".mcprl-hidden-{uuid.uuid4().hex}"
+    home_file.write_text("secret")
+    try:
+        script = f"mount -o remount,rw,bind /; echo remount=$?; umount -l {Path.home()}; echo umount=$?; ls -A {Path.home()}"
+        code = f"import subprocess\nsubprocess.run(['unshare', '-Urm', 'sh', '-c', {script!r}])"
+        outcome = await run_sandboxed(code, config)
+    finally:
+        home_file.unlink()
+    assert outcome.status == "exited"
+    if b"unshare failed" in outcome.stderr:
+        pytest.skip("unprivileged user namespaces are disabled on this host")
+    lines = outcome.stdout.decode().split()
+    assert "remount=32" in lines
+    assert "umount=32" in lines
+    assert home_file.name not in lines

@@ -21,6 +21,9 @@ as root, a throw-away uid — no network or filesystem isolation. Opt-in only.""
 _MIB = 1024 * 1024
 DEFAULT_HIDDEN_PATHS = ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/run", "/mnt", "/media", "/srv")
 _ENV_PREFIX = "MCPRL_SANDBOX_"
+_SYSTEM_PATHS = frozenset(
+    {"/", "/bin", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/sbin", "/sys", "/usr"}
+)
 
 
 def _positive(_instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -32,6 +35,8 @@ def _absolute_paths(_instance: object, attribute: attrs.Attribute[Any], value: t
     for path in value:
         if not os.path.isabs(path):
             raise ValueError(f"{attribute.name}: {path!r} is not an absolute path")
+        if os.path.normpath(path) in _SYSTEM_PATHS:
+            raise ValueError(f"{attribute.name}: {path!r} is a system directory the sandbox needs")
 
 
 def _scratch_in_hidden(instance: SandboxConfig, _attribute: attrs.Attribute[Any], value: str) -> None:
@@ -46,7 +51,8 @@ def _uid_range(_instance: object, _attribute: attrs.Attribute[Any], value: tuple
 
 
 def _hidden_defaults() -> tuple[str, ...]:
-    return (*DEFAULT_HIDDEN_PATHS, os.getcwd())
+    cwd = os.getcwd()  # where run files and checkpoints usually live
+    return DEFAULT_HIDDEN_PATHS if cwd in _SYSTEM_PATHS else (*DEFAULT_HIDDEN_PATHS, cwd)
 
 
 def _default_concurrency() -> int:
