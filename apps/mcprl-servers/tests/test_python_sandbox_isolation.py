@@ -10,12 +10,14 @@ from pathlib import Path
 
 import anyio
 import pytest
+from mcp.server.mcpserver.exceptions import ToolError
 
 from mcprl_servers.python_sandbox import format_outcome
 from mcprl_servers.sandbox import SandboxConfig, run_sandboxed
 
 pytestmark = pytest.mark.anyio
 _IS_ROOT = os.geteuid() == 0
+_needs_root = pytest.mark.skipif(not _IS_ROOT, reason="namespaces isolation needs root")
 
 
 @pytest.fixture
@@ -60,6 +62,7 @@ async def _wait_exit(pid: int) -> None:
         os.close(fd)
 
 
+@_needs_root
 async def test_namespaces_child_sees_only_standard_descriptors() -> None:
     config = SandboxConfig(deadline_s=5.0)
     outcome = await run_sandboxed("import os\nprint(sorted(os.listdir('/proc/self/fd')))", config)
@@ -67,6 +70,7 @@ async def test_namespaces_child_sees_only_standard_descriptors() -> None:
     assert format_outcome(outcome, config).strip() == "['0', '1', '2', '3']"
 
 
+@_needs_root
 async def test_namespaces_child_runs_unprivileged_and_cannot_regain_root() -> None:
     config = SandboxConfig(deadline_s=5.0)
     code = "import os\nprint(os.getuid(), os.getgid(), os.getgroups())\nos.setuid(0)"
@@ -74,10 +78,11 @@ async def test_namespaces_child_runs_unprivileged_and_cannot_regain_root() -> No
     assert outcome.status == "exited"
     assert outcome.exit_code == 1
     uid = int(outcome.stdout.split()[0])
-    assert config.uid_range[0] <= uid < config.uid_range[1] or not _IS_ROOT
+    assert config.uid_range[0] <= uid < config.uid_range[1]
     assert b"PermissionError" in outcome.stderr
 
 
+@_needs_root
 async def test_memory_bomb_peak_rss_stays_under_the_limit() -> None:
     config = SandboxConfig(deadline_s=10.0, memory_bytes=128 * 1024 * 1024)
     outcome = await run_sandboxed("blocks = []\nwhile True:\n    blocks.append(bytearray(10**6))", config)
@@ -107,6 +112,7 @@ async def test_process_isolation_says_network_is_not_isolated() -> None:
     assert "no network" in SandboxConfig().describe_limits()
 
 
+@_needs_root
 async def test_sandbox_dies_with_its_server_at_the_deadline_backstop() -> None:
     marker = f"mcprl-marker-{uuid.uuid4().hex}"
     code = _daemon_code(marker) + "import time\ntime.sleep(1000)"
@@ -128,6 +134,16 @@ async def test_sandbox_dies_with_its_server_at_the_deadline_backstop() -> None:
         for pid in daemons:
             await _wait_exit(pid)
     assert _marked(marker) == []
+
+
+@pytest.mark.skipif(_IS_ROOT, reason="checks the non-root behaviour")
+async def test_namespaces_isolation_without_root_fails_closed() -> None:
+    config = SandboxConfig(deadline_s=5.0)
+    outcome = await run_sandboxed("print('ran')", config)
+    assert outcome.status == "setup_failed"
+    assert b"ran" not in outcome.stdout
+    with pytest.raises(ToolError, match="sandbox unavailable"):
+        format_outcome(outcome, config)
 
 
 def test_config_rejects_unknown_environment_settings() -> None:
@@ -158,6 +174,7 @@ def test_config_never_hides_system_directories(monkeypatch: pytest.MonkeyPatch) 
     assert "/" not in SandboxConfig().hidden_paths
 
 
+@_needs_root
 async def test_nested_user_namespace_cannot_unhide_or_make_writable() -> None:
     config = SandboxConfig(deadline_s=5.0)
     home_file = Path.home() / f".mcprl-hidden-{uuid.uuid4().hex}"
