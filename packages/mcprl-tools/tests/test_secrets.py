@@ -1,0 +1,54 @@
+"""Secrets: `${VAR}` values reach only the server that names them and never appear in errors or logs."""
+
+from __future__ import annotations
+
+import pytest
+from structlog.testing import capture_logs
+from tools_testkit import flaky_server, make_server
+
+from mcprl_tools import ServersConfig, ServerStartError, ToolManager
+
+pytestmark = pytest.mark.anyio
+
+CANARY = "canary-7f3a9c-secret"
+
+
+async def test_secret_env_reaches_only_its_server(marker: str) -> None:
+    with_secret = flaky_server(marker)
+    with_secret["env"] = {**with_secret["env"], "API_KEY": "${MCPRL_CANARY}"}
+    cfg = ServersConfig.from_dict(
+        {"mcpServers": {"holder": with_secret, "other": flaky_server(marker)}},
+        environ={"MCPRL_CANARY": CANARY},
+    )
+    with capture_logs() as logs:
+        async with ToolManager(cfg) as manager:
+            holder = await manager.call("holder.getenv", {"name": "API_KEY"})
+            other = await manager.call("other.getenv", {"name": "API_KEY"})
+            leaked_parent = await manager.call("other.getenv", {"name": "MCPRL_CANARY"})
+    assert holder.text == CANARY
+    assert other.text == "<unset>"
+    assert leaked_parent.text == "<unset>"
+    assert CANARY not in repr(cfg)
+    assert CANARY not in repr(logs)
+
+
+async def test_start_errors_redact_the_secret() -> None:
+    cfg = ServersConfig.from_dict(
+        {
+            "mcpServers": {
+                "bad": {"command": "/nonexistent/bin", "args": ["--token=${TOKEN}"], "start_timeout": 5}
+            }
+        },
+        environ={"TOKEN": CANARY},
+    )
+    with capture_logs() as logs, pytest.raises(ServerStartError) as err:
+        async with ToolManager(cfg):
+            pass
+    assert CANARY not in str(err.value)
+    assert CANARY not in repr(logs)
+
+
+async def test_check_health_probes_every_server() -> None:
+    async with ToolManager.in_memory({"a": make_server("a"), "b": make_server("b")}) as manager:
+        assert await manager.check_health() == {"a": True, "b": True}
+        assert manager.metrics()["tools/a/catalogue_changed"] == 0
