@@ -10,9 +10,11 @@ from pathlib import Path
 
 import anyio
 import pytest
+from mcp import Client
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import TextContent
 
-from mcprl_servers.python_sandbox import format_outcome
+from mcprl_servers.python_sandbox import build_server, format_outcome
 from mcprl_servers.sandbox import SandboxConfig, run_sandboxed
 
 pytestmark = pytest.mark.anyio
@@ -192,3 +194,36 @@ async def test_nested_user_namespace_cannot_unhide_or_make_writable() -> None:
     assert "remount=32" in lines
     assert "umount=32" in lines
     assert home_file.name not in lines
+
+
+@_needs_root
+async def test_multiprocessing_works_with_a_private_dev_shm() -> None:
+    config = SandboxConfig(deadline_s=10.0)
+    name = f"mcprl-shm-{uuid.uuid4().hex}"
+    code = (
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        "with ProcessPoolExecutor(2) as pool:\n"
+        "    print(sum(pool.map(abs, [-1, -2, -3])))\n"
+        f"open('/dev/shm/{name}', 'w').write('x')\n"
+    )
+    outcome = await run_sandboxed(code, config)
+    assert format_outcome(outcome, config).strip() == "6"
+    assert not await anyio.Path("/dev/shm", name).exists()
+
+
+async def test_long_successful_output_is_truncated_with_a_marker() -> None:
+    config = SandboxConfig(deadline_s=5.0, result_chars=1000)
+    outcome = await run_sandboxed("print('z' * 5000)", config)
+    if outcome.status == "setup_failed":
+        pytest.skip("namespaces isolation is unavailable here")
+    text = format_outcome(outcome, config)
+    assert text.startswith("z" * 1000)
+    assert text.endswith("[... truncated: 4001 more characters]")
+
+
+async def test_oversized_code_is_rejected_before_running() -> None:
+    config = SandboxConfig(max_code_bytes=100)
+    async with Client(build_server(config)) as client:
+        result = await client.call_tool("run_python", {"code": "print(1)\n" * 50})
+    assert result.is_error
+    assert "code too large" in "".join(b.text for b in result.content if isinstance(b, TextContent))

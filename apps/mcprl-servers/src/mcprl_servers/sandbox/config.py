@@ -70,6 +70,7 @@ class SandboxConfig:
         file_size_bytes: RLIMIT_FSIZE: the largest file a process may write.
         scratch_bytes: Size of the scratch tmpfs (the only writable place; ``namespaces`` only).
         scratch_inodes: Inode quota of the scratch tmpfs.
+        shm_bytes: Size of the private writable ``/dev/shm`` (for multiprocessing); 0 keeps it read-only.
         open_files: RLIMIT_NOFILE.
         processes: RLIMIT_NPROC of the throw-away uid (processes and threads of one call).
         output_cap_bytes: Hard cap on stdout+stderr read by the server; the call is killed beyond it.
@@ -90,6 +91,7 @@ class SandboxConfig:
     file_size_bytes: int = attrs.field(default=16 * _MIB, validator=_positive)
     scratch_bytes: int = attrs.field(default=64 * _MIB, validator=_positive)
     scratch_inodes: int = attrs.field(default=4096, validator=_positive)
+    shm_bytes: int = attrs.field(default=8 * _MIB, validator=attrs.validators.ge(0))
     open_files: int = attrs.field(default=256, validator=_positive)
     processes: int = attrs.field(default=16, validator=_positive)
     output_cap_bytes: int = attrs.field(default=_MIB, validator=_positive)

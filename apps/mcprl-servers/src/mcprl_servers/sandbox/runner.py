@@ -195,6 +195,7 @@ async def run_sandboxed(code: str, config: SandboxConfig) -> RunOutcome:
         "scratch": scratch,
         "scratch_bytes": config.scratch_bytes,
         "scratch_inodes": config.scratch_inodes,
+        "shm_bytes": config.shm_bytes,
         "limits": config.limits(),
         "deadline_s": config.deadline_s,
     }

@@ -106,6 +106,11 @@ def _setup_filesystem(args: dict[str, Any]) -> None:
     for hidden in sorted(args["hide"], key=len):
         if not os.path.isdir(hidden) or os.path.islink(hidden):
             continue
+        if hidden == "/dev/shm" and args["shm_bytes"] > 0:
+            # A private writable /dev/shm (POSIX semaphores for multiprocessing); gone with the call.
+            opts = f"size={args['shm_bytes']},nr_inodes=256,mode=0700,uid={args['uid']},gid={args['gid']}"
+            _mount("tmpfs", hidden, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, opts)
+            continue
         _mount("tmpfs", hidden, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=256,mode=0755")
         for keep, fd in keep_fds.items():
             if keep.startswith(hidden.rstrip("/") + "/"):
