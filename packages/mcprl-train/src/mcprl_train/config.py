@@ -172,11 +172,14 @@ class ToolsConfig:
         mcp_servers: The ``mcpServers`` mapping inline (name → ``{"command", "args", "env", ...}``);
             ``${VAR}`` in values refers to environment variables.
         offline: Names of the bundled offline servers (`mcprl_servers.config.default_servers_config`).
+        allow_tools: Per-server allow-lists applied on top of any source (server → exposed tool names; servers
+            not named expose every tool). Fewer tools make shorter prompts for small models.
     """
 
     servers: str | None = None
     mcp_servers: dict[str, Any] | None = None
     offline: tuple[str, ...] | None = None
+    allow_tools: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         given = [n for n in _TOOL_SOURCES if getattr(self, n) is not None]
@@ -201,12 +204,13 @@ class TasksConfig:
 
     Attributes:
         train: Path of the training tasks, or ``preset:<name>`` for a bundled `mcprl_tasks` set.
-        validation: Path (or ``preset:<name>``) of the validation tasks; None disables evaluation.
+        validation: Path of the validation tasks, or ``preset:<name>`` for that preset's validation split;
+            None disables evaluation.
         shuffle_buffer: Size of the streaming shuffle buffer (1 = file order).
     """
 
     train: str = attrs.field(default="preset:default", validator=attrs.validators.min_len(1))
-    validation: str | None = "preset:default-validation"
+    validation: str | None = "preset:default"
     shuffle_buffer: int = attrs.field(default=1024, validator=_ge(1))
 
 

@@ -1,0 +1,5 @@
+"""``python -m mcprl_train`` = ``mcprl-train``."""
+
+from mcprl_train.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,245 @@
+"""``mcprl-train``: train, print the resolved config, plan memory, evaluate a checkpoint, check the setup.
+
+::
+
+    mcprl-train [train] [--profile P] [--config F] [--set k=v ...] [--run-name N] [--resume [DIR]]
+    mcprl-train config  [--profile P] [--config F] [--set k=v ...]
+    mcprl-train plan    [--profile P] [--config F] [--set k=v ...] [--model M]
+    mcprl-train eval    --checkpoint DIR [--set k=v ...]
+    mcprl-train doctor  [--profile P] [--config F] [--set k=v ...] [--skip-servers]
+    mcprl-train plots   RUN_DIR
+
+``train`` is the default subcommand: ``mcprl-train`` alone trains the ``cpu`` profile. The heavy modules
+(trainer, evaluation, DeepSpeed) are imported only by the subcommands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from mcprl_train.config import DEFAULT_PROFILE, Config, list_profiles
+from mcprl_train.errors import TrainError
+
+__all__ = ["build_parser", "main"]
+
+_SUBCOMMANDS = ("train", "config", "plan", "eval", "doctor", "plots")
+
+
+def _add_config_args(parser: argparse.ArgumentParser, *, profile: bool = True) -> None:
+    if profile:
+        parser.add_argument(
+            "--profile",
+            default=None,
+            help=f"shipped profile ({', '.join(list_profiles())}; default {DEFAULT_PROFILE})",
+        )
+        parser.add_argument("--config", type=Path, default=None, help="YAML/JSON file overriding the profile")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one key, e.g. --set grpo.group_size=8 (repeatable; values parsed as YAML)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (``train`` is inserted when no subcommand is given)."""
+    parser = argparse.ArgumentParser(
+        prog="mcprl-train", description="GRPO training of tool-using LLM agents on MCP servers."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train (the default subcommand)")
+    _add_config_args(train)
+    train.add_argument("--run-name", default=None, help="run directory name under run.output_dir")
+    train.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        metavar="DIR",
+        help="continue a run from its last complete checkpoint (DIR, or the newest run in run.output_dir)",
+    )
+    train.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    config = sub.add_parser("config", help="print the resolved config as YAML")
+    _add_config_args(config)
+    plan = sub.add_parser("plan", help="memory preflight: will the profile fit its devices?")
+    _add_config_args(plan)
+    plan.add_argument("--model", default=None, help="model name or directory (overrides model.name)")
+    evaluate = sub.add_parser("eval", help="evaluate a saved checkpoint on the validation tasks")
+    evaluate.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint or run directory")
+    _add_config_args(evaluate, profile=False)
+    doctor = sub.add_parser("doctor", help="check installation, devices, keys, MCP servers and task data")
+    _add_config_args(doctor)
+    doctor.add_argument("--skip-servers", action="store_true", help="do not start the MCP servers")
+    plots = sub.add_parser("plots", help="(re)write the PNG plots of a run")
+    plots.add_argument("run_dir", type=Path)
+    return parser
+
+
+def _with_default_command(argv: Sequence[str]) -> list[str]:
+    args = list(argv)
+    if not args or (args[0] not in _SUBCOMMANDS and args[0] not in ("-h", "--help")):
+        return ["train", *args]
+    return args
+
+
+def _load(args: argparse.Namespace) -> Config:
+    """Profile (default ``cpu``) ← ``--config`` file ← ``--set`` overrides."""
+    return Config.load(
+        profile=args.profile or DEFAULT_PROFILE, config_file=args.config, overrides=args.overrides
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mcprl-train`` console script; returns the exit code."""
+    args = build_parser().parse_args(_with_default_command(sys.argv[1:] if argv is None else argv))
+    console = Console(stderr=True)
+    try:
+        match args.command:
+            case "config":
+                sys.stdout.write(_load(args).to_yaml())
+                return 0
+            case "plan":
+                return _plan(args)
+            case "doctor":
+                return _doctor(args)
+            case "plots":
+                return _plots(args)
+            case "eval":
+                return _eval(args)
+            case _:
+                return _train(args)
+    except TrainError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from mcprl_train.plan import load_model_shape, plan_memory, render_plan
+
+    config = _load(args)
+    if args.model is not None:
+        config = config.replace([f"model.name={args.model}"])
+    plan = plan_memory(config, load_model_shape(config.model.name))
+    Console().print(render_plan(plan))
+    return 0 if plan.fits is not False else 1
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from mcprl_train.doctor import render_report, run_checks
+
+    config = _load(args)
+    results = run_checks(config, servers=not args.skip_servers)
+    Console(width=max(100, Console().width)).print(render_report(results))
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _plots(args: argparse.Namespace) -> int:
+    from mcprl_train.plots import write_plots
+    from mcprl_train.rundir import RunDir
+
+    for path in write_plots(RunDir.open(args.run_dir)):
+        print(path)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import anyio
+
+    from mcprl_train.tracking import configure_logging
+
+    configure_logging()
+    summary = anyio.run(_evaluate_checkpoint, Path(args.checkpoint), list(args.overrides))
+    print(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    return 0
+
+
+async def _evaluate_checkpoint(path: Path, overrides: list[str]) -> dict[str, Any]:
+    """Validation metrics of a checkpoint (``<run>/checkpoints/step-N``) or of a run's latest checkpoint."""
+    from mcprl_env import Environment
+    from mcprl_tools import ToolManager
+    from mcprl_train import build
+    from mcprl_train.checkpoint import CheckpointManager
+    from mcprl_train.evaluate import evaluate_tasks
+    from mcprl_train.rundir import RunDir
+
+    if (path / "manifest.json").is_file():
+        run_dir = RunDir.open(path.parent.parent)
+        loaded = CheckpointManager(path.parent).load(path)
+    else:
+        run_dir = RunDir.open(path)
+        loaded = run_dir.checkpoints.load_latest()
+        if loaded is None:
+            raise TrainError(f"{str(path)!r} has no checkpoint to evaluate")
+    config = run_dir.load_config().replace(overrides)
+    if config.tasks.validation is None:
+        raise TrainError("tasks.validation is null: nothing to evaluate on (--set tasks.validation=FILE)")
+    policy = build.build_policy(config, source=str(loaded.subdir("policy")))
+    policy.eval()
+    sampler = build.build_sampler(config, policy, greedy=config.eval.greedy, seed=config.run.seed)
+    tasks = build.first_tasks(
+        build.load_task_source(config.tasks.validation, name="validation"), config.eval.n_tasks
+    )
+    async with ToolManager(build.servers_config(config)) as manager:
+        env = Environment(manager=manager, tokenizer=policy.tokenizer, config=build.env_config(config))
+        metrics, _ = await evaluate_tasks(
+            env,
+            tasks,
+            sampler,
+            max_concurrent_episodes=config.env.max_concurrent_episodes,
+            namespace=f"eval-{loaded.path.name}",
+        )
+    summary = {"checkpoint": str(loaded.path), "step": loaded.step, "tasks": len(tasks), **metrics}
+    run_dir.append_metrics(loaded.step, {**metrics, "tag": "checkpoint_eval"}, kind="eval")
+    return summary
+
+
+def _resolve_run(args: argparse.Namespace) -> tuple[Config, Any, bool]:
+    from mcprl_train.rundir import RunDir
+
+    if args.resume is None:
+        config = _load(args)
+        if args.run_name is not None:
+            config = config.replace([f"run.name={args.run_name}"])
+        return config, RunDir.create(config), False
+    if args.resume == "latest":
+        output_dir = Path(_load(args).run.output_dir)
+        runs = sorted(
+            (p for p in output_dir.glob("*/config.yaml")), key=lambda p: p.stat().st_mtime, reverse=True
+        )
+        if args.run_name is not None:
+            runs = [p for p in runs if p.parent.name == args.run_name]
+        if not runs:
+            raise TrainError(f"--resume: no run directory under {str(output_dir)!r} to resume")
+        path = runs[0].parent
+    else:
+        path = Path(args.resume)
+    run_dir = RunDir.open(path)
+    config = run_dir.load_config().replace(args.overrides)
+    run_dir.write_config(config)
+    return config, run_dir, True
+
+
+def _train(args: argparse.Namespace) -> int:
+    config, run_dir, resume = _resolve_run(args)
+    from mcprl_train.plots import write_plots
+    from mcprl_train.tracking import Tracker, configure_logging
+    from mcprl_train.trainer import Trainer
+
+    configure_logging(level=config.tracking.log_level, log_file=run_dir.log_path)
+    tracker = Tracker(config, run_dir).start()
+    try:
+        summary = Trainer(config, run_dir, resume=resume, hooks=(tracker.hook,)).run()
+    finally:
+        tracker.finish()
+        write_plots(run_dir)
+    print(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    return 0

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from transformers import Qwen3Config
+
+from mcprl_train.cli import _with_default_command, main
+from mcprl_train.config import Config
+
+
+def test_train_is_the_default_subcommand() -> None:
+    assert _with_default_command([]) == ["train"]
+    assert _with_default_command(["--profile", "cpu"]) == ["train", "--profile", "cpu"]
+    assert _with_default_command(["plan", "--profile", "a100x2"]) == ["plan", "--profile", "a100x2"]
+    assert _with_default_command(["--help"]) == ["--help"]
+
+
+def test_config_prints_the_resolved_yaml(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    user = tmp_path / "user.yaml"
+    user.write_text("grpo:\n  kl_coef: 0.02\n")
+    code = main(["config", "--profile", "a100x2", "--config", str(user), "--set", "run.steps=3"])
+    assert code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    config = Config.from_dict(printed)
+    assert (config.profile, config.run.steps, config.grpo.kl_coef) == ("a100x2", 3, 0.02)
+    assert config.distributed.zero_stage == 3
+
+
+def test_a_bad_key_exits_2_naming_the_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "--set", "grpo.grup_size=3"]) == 2
+    assert "unknown config key 'grpo.grup_size'; did you mean 'grpo.group_size'?" in capsys.readouterr().err
+
+
+def test_plan_of_a_local_model_prints_the_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    Qwen3Config(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    ).save_pretrained(tmp_path / "m")
+    code = main(["plan", "--profile", "a100x2", "--model", str(tmp_path / "m")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "optimizer states" in out
+    assert "fits" in out
+
+
+def test_plan_exits_1_when_the_model_does_not_fit(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    Qwen3Config(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    ).save_pretrained(tmp_path / "m")
+    code = main(["plan", "--model", str(tmp_path / "m"), "--set", "distributed.device_memory_gb=0.001"])
+    assert code == 1
+    assert "does not fit" in capsys.readouterr().out
+
+
+def test_plan_for_a_cached_hub_model_works_offline(tmp_path: Path) -> None:
+    """`mcprl-train plan --profile a100x2` reads Qwen/Qwen3-0.6B's config from the Hugging Face cache."""
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen3-0.6B" / "snapshots" / ("0" * 40)
+    Qwen3Config(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+    ).save_pretrained(snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "COLUMNS": "120"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mcprl_train", "plan", "--profile", "a100x2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Qwen/Qwen3-0.6B: 596.0 M params" in proc.stdout
+    assert "fits" in proc.stdout
+
+
+def test_doctor_without_servers_reports_the_cpu_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["doctor", "--skip-servers"])
+    out = capsys.readouterr().out
+    assert "installation: mcprl_grpo" in out
+    assert "tasks: tasks.train=preset:default" in out
+    assert code in (0, 1)
+    assert ("all checks passed" in out) == (code == 0)
+
+
+def test_resume_without_a_run_is_an_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["train", "--resume", "--set", f"run.output_dir={tmp_path}"]) == 2
+    assert "no run directory" in capsys.readouterr().err
+
+
+def test_plots_subcommand_writes_pngs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from mcprl_train.rundir import RunDir
+
+    run_dir = RunDir.create(Config.load(overrides=[f"run.output_dir={tmp_path}", "run.name=x"]))
+    run_dir.append_metrics(1, {"rollout/reward_mean": 0.5, "loss/kl": 0.1})
+    assert main(["plots", str(run_dir.path)]) == 0
+    assert {Path(p).name for p in capsys.readouterr().out.split()} == {"reward.png", "kl.png", "losses.png"}
+    assert json.loads(run_dir.metrics_path.read_text())["step"] == 1
