@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, TextContent
 
 from mcprl_servers.python_sandbox import build_server
@@ -392,18 +393,28 @@ async def test_stdio_server_runs_code_and_survives_hostile_calls(tmp_path: Path)
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "mcprl_servers.python_sandbox"], env=env, cwd=str(tmp_path)
     )
-    async with Client(params) as client:
-        is_error, text = await _run(client, "print(sum(range(10)))")
-        assert (is_error, text.strip()) == (False, "45")
-        is_error, text = await _run(client, "import os\nprint(open(f'/proc/{os.getppid()}/environ').read())")
-        assert is_error or CANARY not in text
-        is_error, text = await _run(client, _spawn_marked_daemon(marker) + "\nwhile True:\n    pass")
-        assert is_error
-        assert "timed out" in text
-        assert _host_processes_with(marker) == []
-        is_error, text = await _run(client, "print('x' * 50_000_000)")
-        assert is_error
-        assert "output limit exceeded" in text
-        assert [tool.name for tool in (await client.list_tools()).tools] == ["run_python"]
-        tool = (await client.list_tools()).tools[0]
-        assert set(tool.input_schema["properties"]) == {"code"}
+    dump_environ = (
+        "import glob, os\nprint(dict(os.environ))\n"
+        "for path in glob.glob('/proc/*/environ') + [f'/proc/{os.getppid()}/environ']:\n"
+        "    try:\n        print(path, open(path, 'rb').read())\n"
+        "    except OSError as exc:\n        print(path, exc)\n"
+    )
+    server_log = tmp_path / "server-stderr.log"
+    with server_log.open("w") as errlog:
+        async with Client(stdio_client(params, errlog=errlog)) as client:
+            is_error, text = await _run(client, "print(sum(range(10)))")
+            assert (is_error, text.strip()) == (False, "45")
+            is_error, text = await _run(client, dump_environ)
+            assert not is_error
+            assert "{}" in text
+            is_error, text = await _run(client, _spawn_marked_daemon(marker) + "\nwhile True:\n    pass")
+            assert is_error
+            assert "timed out" in text
+            assert _host_processes_with(marker) == []
+            is_error, text = await _run(client, "print('x' * 50_000_000)")
+            assert is_error
+            assert "output limit exceeded" in text
+            tools = (await client.list_tools()).tools
+            assert [tool.name for tool in tools] == ["run_python"]
+            assert set(tools[0].input_schema["properties"]) == {"code"}
+    assert CANARY not in server_log.read_text()
