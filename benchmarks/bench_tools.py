@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
