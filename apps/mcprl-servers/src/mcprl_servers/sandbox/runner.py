@@ -220,6 +220,14 @@ async def run_sandboxed(code: str, config: SandboxConfig) -> RunOutcome:
     _log.debug("sandbox_started", pid=process.pid, isolation=config.isolation, uid=uid)
 
     async def kill() -> None:
+        pidfd = capture.supervisor_pidfd
+        if config.isolation == "namespaces" and pidfd is not None and process.returncode is None:
+            # Kill the namespace's init first (race-free via its pidfd): the kernel kills the rest,
+            # and unshare, still alive, reaps it, so no orphan is left for the host's init.
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            with anyio.move_on_after(_REAP_GRACE_S):
+                await process.wait()
         if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)

@@ -42,6 +42,7 @@ _MS_REC = 0x4000
 _MS_PRIVATE = 0x40000
 _MS_RELATIME = 0x200000
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_PDEATHSIG = 1
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
 _MOUNT_OPTION_FLAGS = {
     "nosuid": _MS_NOSUID,
@@ -151,13 +152,18 @@ def _drop_privileges(uid: int, gid: int) -> None:
             raise SetupError("could not drop root")
     if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise SetupError("prctl(PR_SET_NO_NEW_PRIVS) failed")
+    # Set after the uid change (which clears it): die with the supervisor.
+    if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise SetupError("prctl(PR_SET_PDEATHSIG) failed")
 
 
 def _run_model_code(code: bytes, args: dict[str, Any]) -> None:
     """Child side: limits, privileges, then the model's code. Never returns."""
     status = 1
+    supervisor = os.getppid()
     try:
-        os.setsid()
+        if args["mode"] == "namespaces":
+            os.setsid()  # in ``process`` mode the child stays in the session the server kills
         os.close(args["status_fd"])
         devnull = os.open("/dev/null", os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -166,6 +172,8 @@ def _run_model_code(code: bytes, args: dict[str, Any]) -> None:
         os.umask(0o077)
         _set_limits(args["limits"])
         _drop_privileges(args["uid"], args["gid"])
+        if os.getppid() != supervisor:
+            raise SetupError("the supervisor died")
     except BaseException as exc:
         os.write(2, f"sandbox: could not prepare the child: {exc}\n".encode())
         os._exit(125)
