@@ -102,7 +102,7 @@ def test_multistep_task_needs_quotes_a_calculation_and_a_post() -> None:
     train, _ = generate_split(seed=0, n_train=60, n_val=6, families=["report_ratio"], universe=UNIVERSE)
     task = train[0]
     assert task["difficulty"] == "hard"
-    assert task["servers"] == ["finance", "calculator", "messaging"]
+    assert task["servers"] in (["finance", "calculator", "messaging"], ["finance", "python", "messaging"])
     assert task["checker"]["type"] == "message_posted"
     assert task["checker"]["contains"] == task["answer"]
     assert re.fullmatch(r"-?\d+(\.\d{1,2})?", task["answer"])
@@ -115,3 +115,32 @@ def test_written_files_round_trip(tmp_path: Path) -> None:
     assert val_path.name == "validation.json"
     assert read_tasks(train_path) == train
     assert read_tasks(val_path) == val
+
+
+def test_both_ways_of_computing_the_ratio_are_generated() -> None:
+    train, _ = generate_split(seed=0, n_train=200, n_val=6, families=["report_ratio"], universe=UNIVERSE)
+    computes = {t["metadata"]["params"]["compute"] for t in train}
+    assert computes == {"python", "calculator"}
+    for task in train:
+        assert task["metadata"]["params"]["compute"] in task["servers"] or "python" not in task["servers"]
+
+
+def test_search_questions_name_a_document_holding_the_answer() -> None:
+    from mcprl_servers.corpus import load_corpus
+
+    docs = {d["doc_id"]: d for d in load_corpus()}
+    train, _ = generate_split(seed=0, n_train=50, n_val=5, families=["news_fact"], universe=UNIVERSE)
+    for task in train:
+        assert task["servers"] == ["search"]
+        assert task["checker"] == {"type": "contains"}
+        assert task["answer"] in docs[task["metadata"]["params"]["doc_id"]]["text"]
+
+
+def test_messaging_families_use_only_the_messaging_server() -> None:
+    families = ["channel_topic", "user_lookup", "who_posted", "relay"]
+    train, val = generate_split(seed=0, n_train=80, n_val=20, families=families, universe=UNIVERSE)
+    for task in train + val:
+        assert task["servers"] == ["messaging"]
+        if task["metadata"]["family"] == "relay":
+            assert task["checker"]["type"] == "message_posted"
+            assert task["checker"]["channel"] != task["metadata"]["params"]["source"]

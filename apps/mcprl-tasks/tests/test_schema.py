@@ -19,7 +19,11 @@ def test_make_task_has_the_interface_fields() -> None:
         params={"symbols": ["HLDR"], "k": 3},
     )
     assert task["checker"] == {"type": "numeric", "rel_tol": 1e-6, "abs_tol": 0.005}
-    assert task["metadata"] == {"family": "quote_mul", "min_tool_calls": 2, "params": {"symbols": ["HLDR"], "k": 3}}
+    assert task["metadata"] == {
+        "family": "quote_mul",
+        "min_tool_calls": 2,
+        "params": {"symbols": ["HLDR"], "k": 3},
+    }
     assert posted_checker("markets", "49.53") == {
         "type": "message_posted",
         "server": "messaging",

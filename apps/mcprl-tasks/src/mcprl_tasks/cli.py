@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from mcprl_tasks.errors import TasksError
 from mcprl_tasks.generate import generate_split, write_split
-from mcprl_tasks.presets import PRESETS
+from mcprl_tasks.presets import PRESETS, write_presets
 from mcprl_tasks.registry import FAMILIES
 from mcprl_tasks.universe import Universe
 
@@ -29,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--val-fraction", type=float, default=0.2, help="combinations held out for validation")
     sub.add_parser("families", help="list task families")
     sub.add_parser("presets", help="list shipped presets")
+    sub.add_parser("build-presets", help="regenerate the shipped presets into the package data directory")
     return parser
 
 
@@ -54,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             case "presets":
                 for name, preset in PRESETS.items():
                     print(f"{name}: {preset.description}")
+            case "build-presets":
+                for path in write_presets():
+                    print(path)
             case _:
                 raise AssertionError(args.command)
     except (TasksError, ValueError) as exc:

@@ -136,14 +136,16 @@ def _report_ratio(combo: Combo, rng: random.Random, u: Universe) -> Draft:
     assert isinstance(b, str)
     assert isinstance(c, str)
     ratio = calculate_text(f"round({u.price_text(a)} / {u.price_text(b)}, 2)")
+    # Half the tasks compute with python, when its float round() agrees with the exact half-up rounding.
+    python = rng.random() < 0.5 and f"{round(u.price(a) / u.price(b), 2)!r}" == ratio
     return Draft(
         prompt=_phrase(_REPORT, rng, a=a, b=b, c=c),
-        servers=["finance", "calculator", "messaging"],
+        servers=["finance", "python" if python else "calculator", "messaging"],
         difficulty="hard",
         answer=ratio,
         checker=posted_checker(c, ratio),
         min_tool_calls=4,
-        params={"symbols": [a, b], "channel": c},
+        params={"symbols": [a, b], "channel": c, "compute": "python" if python else "calculator"},
     )
 
 

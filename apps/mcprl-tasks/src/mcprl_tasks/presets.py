@@ -1,7 +1,7 @@
 """Named task sets shipped with the package (``demo``, ``default``) and how they are regenerated.
 
 ``load_preset(name)`` returns the paths of the shipped ``train.json`` / ``validation.json``; a test checks
-they equal :func:`build_preset`'s output byte for byte. Regenerate with ``python -m mcprl_tasks.presets``.
+they equal :func:`build_preset`'s output byte for byte. Regenerate with ``mcprl-tasks build-presets``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from mcprl_tasks.generate import generate_split, write_split
 from mcprl_tasks.registry import DEMO_FAMILIES, FAMILIES
 from mcprl_tasks.universe import Universe
 
-__all__ = ["PRESETS", "Preset", "build_preset", "load_preset", "preset_dir"]
+__all__ = ["PRESETS", "Preset", "build_preset", "load_preset", "preset_dir", "write_presets"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,19 +86,14 @@ def load_preset(name: str) -> tuple[Path, Path]:
     directory = preset_dir(name)
     train, validation = directory / "train.json", directory / "validation.json"
     if not (train.is_file() and validation.is_file()):
-        raise TasksError(
-            f"preset {name!r} is not shipped at {directory}; run `python -m mcprl_tasks.presets`"
-        )
+        raise TasksError(f"preset {name!r} is not shipped at {directory}; run `mcprl-tasks build-presets`")
     return train, validation
 
 
-def main() -> None:
-    """Regenerate every preset into the package data directory."""
-    for name in PRESETS:
+def write_presets(names: list[str] | None = None) -> list[Path]:
+    """Regenerate presets (all when None) into the package data directory; returns the files written."""
+    written: list[Path] = []
+    for name in names if names is not None else list(PRESETS):
         train, validation = build_preset(name)
-        for path in write_split(preset_dir(name), train, validation):
-            print(path)
-
-
-if __name__ == "__main__":
-    main()
+        written.extend(write_split(preset_dir(name), train, validation))
+    return written

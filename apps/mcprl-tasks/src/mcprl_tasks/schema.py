@@ -6,7 +6,15 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["Difficulty", "make_task", "numeric_checker", "posted_checker", "read_tasks", "write_tasks"]
+__all__ = [
+    "Difficulty",
+    "contains_checker",
+    "make_task",
+    "numeric_checker",
+    "posted_checker",
+    "read_tasks",
+    "write_tasks",
+]
 
 Difficulty = Literal["easy", "medium", "hard"]
 
@@ -14,6 +22,11 @@ Difficulty = Literal["easy", "medium", "hard"]
 def numeric_checker(*, rel_tol: float = 1e-6, abs_tol: float = 0.005) -> dict[str, Any]:
     """A numeric checker: correct when the answer's number is close to ``float(answer)``."""
     return {"type": "numeric", "rel_tol": rel_tol, "abs_tol": abs_tol}
+
+
+def contains_checker() -> dict[str, Any]:
+    """A contains checker: correct when the task's answer is a substring of the agent's (case-insensitive)."""
+    return {"type": "contains"}
 
 
 def posted_checker(channel: str, contains: str) -> dict[str, Any]:

@@ -1,0 +1,65 @@
+"""Scoring a demonstration script with a task's checker semantics (as ``mcprl_env`` checks episodes)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from mcprl_tasks.errors import TasksError
+
+__all__ = ["Message", "demo_succeeds", "final_answer", "posted_messages"]
+
+Message = dict[str, str]
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[+-]?\d+)?")
+_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def final_answer(messages: list[Message]) -> str | None:
+    """The text inside the last assistant turn's ``<answer>`` tags (or its whole text), if it has no call."""
+    if not messages or messages[-1]["role"] != "assistant" or "<tool_call>" in messages[-1]["content"]:
+        return None
+    final = messages[-1]["content"]
+    match = _ANSWER.search(final)
+    return (match.group(1) if match else final).strip()
+
+
+def posted_messages(messages: list[Message]) -> list[tuple[str, str]]:
+    """``(channel, text)`` of every ``post_message`` call in a script."""
+    posts: list[tuple[str, str]] = []
+    for message in messages:
+        if message["role"] != "assistant":
+            continue
+        for body in _CALL.findall(message["content"]):
+            call = json.loads(body)
+            if call["name"] == "post_message":
+                args = call["arguments"]
+                posts.append((args["channel"].strip().lstrip("#").lower(), args["text"]))
+    return posts
+
+
+def demo_succeeds(task: dict[str, Any], messages: list[Message]) -> bool:
+    """Whether a script satisfies the task's checker (numeric, exact, contains or message_posted)."""
+    checker = task["checker"]
+    if checker["type"] == "message_posted":
+        needle = checker["contains"].lower()
+        return any(
+            ch == checker["channel"] and needle in text.lower() for ch, text in posted_messages(messages)
+        )
+    answer = final_answer(messages)
+    if answer is None:
+        return False
+    expected = str(task["answer"])
+    match checker["type"]:
+        case "numeric":
+            got = _NUMBER.findall(answer)
+            rel, abs_ = checker["rel_tol"], checker["abs_tol"]
+            return bool(got) and math.isclose(float(got[0]), float(expected), rel_tol=rel, abs_tol=abs_)
+        case "exact":
+            return " ".join(answer.lower().split()) == " ".join(expected.lower().split())
+        case "contains":
+            return expected.lower() in answer.lower()
+        case other:
+            raise TasksError(f"unknown checker type {other!r}")
