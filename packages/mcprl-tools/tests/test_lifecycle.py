@@ -63,6 +63,22 @@ async def test_pending_calls_on_a_crashing_server_all_fail_promptly(marker: str)
     assert elapsed < 2.0
 
 
+async def test_server_past_its_crash_budget_becomes_unavailable(marker: str) -> None:
+    cfg = _config(flaky=flaky_server(marker, restart={"max_crashes": 0}))
+    async with ToolManager(cfg) as manager:
+        crashed = await manager.call("crash", {})
+        t0 = time.monotonic()
+        refused = await manager.call("add", {"a": 1, "b": 1})
+        elapsed = time.monotonic() - t0
+        assert manager.server_state("flaky") == "unavailable"
+        assert manager.metrics()["tools/flaky/available"] == 0
+    assert crashed.error_type == "crashed"
+    assert refused.error_type == "unavailable"
+    assert refused.is_infra_error
+    assert elapsed < 1.0
+    assert marked_processes(marker) == []
+
+
 async def test_hang_hits_the_deadline_then_the_server_is_replaced(marker: str) -> None:
     cfg = _config(
         flaky=flaky_server(
@@ -148,6 +164,19 @@ async def test_shutdown_leaves_no_processes(marker: str) -> None:
     async with ToolManager(cfg) as manager:
         assert len(marked_processes(marker)) == 2
         assert (await manager.call("one.add", {"a": 1, "b": 1})).ok
+    assert marked_processes(marker) == []
+
+
+@pytest.mark.parametrize("how", ["crash", "shutdown"])
+async def test_grandchildren_of_a_server_are_killed_with_it(marker: str, how: str) -> None:
+    cfg = _config(parent=flaky_server(marker, restart={"max_crashes": 0}))
+    async with ToolManager(cfg) as manager:
+        child = (await manager.call("spawn_child", {})).structured
+        assert isinstance(child, dict)
+        assert child["result"] in marked_processes(marker)
+        if how == "crash":
+            assert (await manager.call("crash", {})).error_type == "crashed"
+            assert (await manager.call("add", {"a": 1, "b": 1})).error_type == "unavailable"
     assert marked_processes(marker) == []
 
 

@@ -1,29 +1,44 @@
 """The one module that imports the `mcp` SDK: connections to stdio, streamable HTTP and in-process servers.
 
-Everything else in mcprl-tools sees plain `RawTool` / `RawResult` values and the `Connection` protocol below,
-so an SDK upgrade touches this file only.
+Everything else in mcprl-tools sees plain `RawTool` / `RawResult` values and the `Connection` below, so an
+SDK upgrade touches this file only. Stdio servers are spawned here too (not with the SDK's `stdio_client`):
+the SDK leaves a server's descendants running when the server exits by itself or crashes, and its kill
+escalation cannot be shortened for a server already known to be hung.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from types import TracebackType
 from typing import Any, Self, TextIO
 
 import anyio
+import anyio.abc
 import attrs
+import structlog
 import mcp_types
-from mcp import Client, StdioServerParameters, stdio_client
+from mcp import Client
+from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.lowlevel.server import Server
 from mcp.server.mcpserver import MCPServer
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 
 from mcprl_tools.config import ServerConfig
 
 EPISODE_META_KEY = "mcprl/episode_id"
+
+logger = structlog.get_logger()
+
+# Escalation after stdin closes: wait for a clean exit, then SIGTERM the group, then SIGKILL it.
+_EXIT_GRACE_S = 2.0
+_TERM_GRACE_S = 2.0
+_REAP_S = 2.0
 
 
 @attrs.frozen(kw_only=True)
@@ -173,6 +188,105 @@ def _page(cursor: str | None) -> mcp_types.PaginatedRequestParams | None:
     return mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
 
 
+async def _wait_exit(process: anyio.abc.Process, seconds: float) -> bool:
+    with anyio.move_on_after(seconds):
+        await process.wait()
+        return True
+    return process.returncode is not None
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def _stop_process(process: anyio.abc.Process, grace: float) -> None:
+    """stdin close → SIGTERM to the group → SIGKILL to the group; then SIGKILL the group once more.
+
+    The last kill reaches descendants left in the server's process group after the server itself exited
+    (crashed, or quit on stdin close): the SDK's own stdio client leaves those running.
+    """
+    pgid = process.pid  # start_new_session: the server leads its own group
+    if process.stdin is not None:
+        with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await process.stdin.aclose()
+    if not await _wait_exit(process, grace):
+        _signal_group(pgid, signal.SIGTERM)
+        if not await _wait_exit(process, min(grace, _TERM_GRACE_S)):
+            _signal_group(pgid, signal.SIGKILL)
+            await _wait_exit(process, _REAP_S)
+    _signal_group(pgid, signal.SIGKILL)
+    with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await process.aclose()
+
+
+@asynccontextmanager
+async def _stdio_transport(
+    cfg: ServerConfig, errlog: TextIO | None, grace: Callable[[], float]
+) -> AsyncIterator[tuple[Any, Any]]:
+    """Newline-delimited JSON-RPC over a subprocess's stdin/stdout, in its own process group.
+
+    Non-JSON-RPC lines on stdout are skipped. Lines are assembled from chunks without re-copying, so one
+    huge line costs linear time.
+    """
+    assert cfg.command is not None
+    process = await anyio.open_process(
+        [cfg.command, *cfg.args],
+        env=get_default_environment() | dict(cfg.env),
+        stderr=errlog,
+        cwd=cfg.cwd,
+        start_new_session=True,
+    )
+    read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def deliver(line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        except ValueError:
+            logger.debug("mcp_stdout_not_jsonrpc", server=cfg.name, head=line[:80].decode(errors="replace"))
+            return
+        await read_send.send(SessionMessage(message))
+
+    async def reader() -> None:
+        assert process.stdout is not None
+        pending: list[bytes] = []
+        async with read_send:
+            with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                async for chunk in process.stdout:
+                    start = 0
+                    while (newline := chunk.find(b"\n", start)) != -1:
+                        pending.append(chunk[start:newline])
+                        line = b"".join(pending)
+                        pending.clear()
+                        await deliver(line)
+                        start = newline + 1
+                    if start < len(chunk):
+                        pending.append(chunk[start:])
+
+    async def writer() -> None:
+        assert process.stdin is not None
+        async with write_recv:
+            with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                async for message in write_recv:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                    await process.stdin.send(data.encode())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader)
+        tg.start_soon(writer)
+        try:
+            yield read_recv, write_send
+        finally:
+            with anyio.CancelScope(shield=True):
+                write_send.close()
+                read_recv.close()
+                await _stop_process(process, grace())
+            tg.cancel_scope.cancel()
+
+
 @asynccontextmanager
 async def connect(
     cfg: ServerConfig,
@@ -180,6 +294,7 @@ async def connect(
     on_lost: Callable[[], None],
     memory_server: object | None = None,
     errlog: TextIO | None = None,
+    shutdown_grace: Callable[[], float] = lambda: _EXIT_GRACE_S,
 ) -> AsyncIterator[Connection]:
     """Open and initialize a session with the server `cfg` describes.
 
@@ -188,6 +303,7 @@ async def connect(
         memory_server: The in-process server object for `transport == "memory"`.
         on_lost: Called when the connection ends (server exited, stream closed).
         errlog: File (with a descriptor) receiving a stdio server's stderr.
+        shutdown_grace: Asked at shutdown: seconds to wait after closing stdin (and after SIGTERM).
 
     Raises:
         ConnectionLostError: The server went away during initialize.
@@ -197,12 +313,7 @@ async def connect(
     target: Any
     match cfg.transport:
         case "stdio":
-            assert cfg.command is not None
-            params = StdioServerParameters(
-                command=cfg.command, args=list(cfg.args), env=dict(cfg.env) or None, cwd=cfg.cwd
-            )
-            kwargs: dict[str, Any] = {"errlog": errlog} if errlog is not None else {}
-            target = _watched(stdio_client(params, **kwargs), on_lost)
+            target = _watched(_stdio_transport(cfg, errlog, shutdown_grace), on_lost)
         case "http":
             assert cfg.url is not None
             http = create_mcp_http_client(headers=dict(cfg.headers) or None)

@@ -25,6 +25,8 @@ State = Literal["starting", "ready", "checking", "restarting", "unavailable", "s
 Outcome = Literal["stopped", "crashed", "hung", "start_failed"]
 
 _STDERR_TAIL_BYTES = 2048
+_GRACE_S = 2.0  # after stdin close, and after SIGTERM, for a server that is still answering
+_HUNG_GRACE_S = 0.25  # the same for a server that failed its health probe
 
 
 def _flatten(exc: BaseException) -> list[BaseException]:
@@ -83,6 +85,7 @@ class ServerRunner:
         self._stopping = False
         self._lost = False
         self._suspect = False
+        self._hung = False
         self._start_scope: anyio.CancelScope | None = None
         self._stop_event = anyio.Event()
 
@@ -175,9 +178,13 @@ class ServerRunner:
                 return
             self.restarts += 1
 
+    def _shutdown_grace(self) -> float:
+        return _HUNG_GRACE_S if self._hung else _GRACE_S
+
     async def _serve_once(self) -> Outcome:
         self._lost = False
         self._suspect = False
+        self._hung = False
         errlog = cast(IO[bytes], tempfile.TemporaryFile())  # noqa: SIM115 - closed in finally
         started = False
         try:
@@ -191,6 +198,7 @@ class ServerRunner:
                         on_lost=self._report_lost,
                         memory_server=self._memory_server,
                         errlog=cast(Any, errlog),
+                        shutdown_grace=self._shutdown_grace,
                     ) as conn:
                         listed = await conn.list_tools()
                         scope.deadline = math.inf
@@ -258,6 +266,7 @@ class ServerRunner:
                 self._suspect = False
                 if not await self.check(conn):
                     outcome = "hung"
+                    self._hung = True
                     break
                 if self.state == "checking":
                     self._set_state("ready")

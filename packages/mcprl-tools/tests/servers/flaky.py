@@ -75,6 +75,14 @@ def pid() -> int:
     return os.getpid()
 
 
+@server.tool(description="Start a long-lived child process (it inherits the environment) and return its pid.")
+def spawn_child() -> int:
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    return child.pid
+
+
 @server.tool(description="Kill this server with SIGKILL while the call is in flight.")
 def crash() -> str:
     os.kill(os.getpid(), signal.SIGKILL)
