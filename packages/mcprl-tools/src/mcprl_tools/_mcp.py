@@ -18,8 +18,8 @@ from typing import Any, Self, TextIO
 import anyio
 import anyio.abc
 import attrs
-import structlog
 import mcp_types
+import structlog
 from mcp import Client
 from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
