@@ -144,7 +144,7 @@ async def _check_isolation(client: Client, n_episodes: int, rounds: int) -> None
 async def test_concurrent_episodes_never_see_each_others_posts() -> None:
     async with Client(build_server()) as client:
         with anyio.fail_after(30):
-            await _check_isolation(client, n_episodes=32, rounds=5)
+            await _check_isolation(client, n_episodes=256, rounds=2)
 
 
 async def test_concurrent_episodes_are_isolated_over_stdio() -> None:

@@ -14,11 +14,10 @@ from mcprl_servers.formatting import format_number
 
 __all__ = ["build_server", "calculate_text", "main"]
 
+# Kept short: tool descriptions are rendered into every prompt of the tiny demo model.
 _DESCRIPTION = (
-    "Evaluate an arithmetic expression exactly, e.g. '3 * 42.17' or 'round(42.17 / 13.05, 2)'. "
-    "Operators: + - * / // % ** (or ^), parentheses; functions: abs, min, max, round(x, n), sqrt. "
-    "Returns the result as a short decimal: integers exactly, otherwise rounded to 6 decimal places "
-    "(halves away from zero) with trailing zeros removed."
+    "Evaluate an arithmetic expression exactly, e.g. '3 * 42.17'. Operators + - * / // % ** and parentheses; "
+    "functions abs, min, max, round(x, n), sqrt. Result: a decimal rounded to at most 6 places."
 )
 
 

@@ -25,7 +25,7 @@ MAX_K = 20
 def _snippet(text: str) -> str:
     if len(text) <= SNIPPET_CHARS:
         return text
-    return text[:SNIPPET_CHARS].rsplit(" ", 1)[0] + " …"
+    return text[:SNIPPET_CHARS].rsplit(" ", 1)[0] + " ..."
 
 
 class SearchIndex:
