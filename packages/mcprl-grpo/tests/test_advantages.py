@@ -310,3 +310,15 @@ def test_bad_inputs_raise_typed_errors_naming_the_tensor() -> None:
         group_advantages(torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.long))
     with pytest.raises(ArgumentError, match="eps"):
         group_advantages(r, torch.zeros(4, dtype=torch.long), eps=-1.0)
+
+
+def test_expand_to_tokens_packed_layout_matches_padded() -> None:
+    adv = torch.tensor([2.0, -1.0, 0.5])
+    lengths = torch.tensor([2, 3, 1])
+    padded_mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 0]]).bool()
+    packed_mask = torch.tensor([1, 0, 1, 1, 0, 1]).bool()
+    seq_ids = torch.arange(3).repeat_interleave(lengths)
+    assert expand_to_tokens(adv, packed_mask, seq_ids=seq_ids).tolist() == [2.0, 0.0, -1.0, -1.0, 0.0, 0.5]
+    assert expand_to_tokens(adv, padded_mask)[padded_mask].tolist() == [2.0, -1.0, -1.0, 0.5]
+    with pytest.raises(ShapeError, match="advantages"):
+        expand_to_tokens(adv[:2], packed_mask, seq_ids=seq_ids)

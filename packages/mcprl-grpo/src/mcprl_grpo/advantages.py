@@ -20,6 +20,7 @@ import torch
 
 from mcprl_grpo._checks import as_mask, check_float, check_ndim, check_non_negative
 from mcprl_grpo._groups import group_rewards
+from mcprl_grpo._segments import segments
 from mcprl_grpo.errors import ShapeError
 
 Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
@@ -173,20 +174,28 @@ def contiguous_group_ids(
     return torch.arange(num_groups, device=device).repeat_interleave(group_size)
 
 
-def expand_to_tokens(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def expand_to_tokens(
+    advantages: torch.Tensor, mask: torch.Tensor, *, seq_ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """Broadcast per-episode advantages to every policy token of the episode.
 
     Args:
         advantages: ``(B,)`` float.
-        mask: ``(B, T)`` policy-token mask (bool or 0/1).
+        mask: ``(B, T)`` policy-token mask (bool or 0/1), or packed ``(L,)`` together with ``seq_ids``.
+        seq_ids: ``(L,)`` episode index in ``[0, B)`` of each packed token; None for ``(B, T)``.
 
     Returns:
-        ``(B, T)``: ``advantages[b]`` where ``mask[b, t]``, else 0.
+        Shape of ``mask``: the token's episode advantage where ``mask`` is true, else 0.
     """
     check_float("advantages", advantages)
     check_ndim("advantages", advantages, 1, "(B,)")
-    if mask.dim() != 2 or mask.shape[0] != advantages.shape[0]:
-        raise ShapeError("mask", mask.shape, f"({advantages.shape[0]}, T) to match advantages (B,)")
     m = as_mask("mask", mask, "mask", mask)
     zero = torch.zeros((), dtype=advantages.dtype, device=advantages.device)
-    return torch.where(m, advantages.unsqueeze(-1), zero)
+    if seq_ids is None:
+        if m.dim() != 2 or m.shape[0] != advantages.shape[0]:
+            raise ShapeError("mask", mask.shape, f"({advantages.shape[0]}, T) to match advantages (B,)")
+        return torch.where(m, advantages.unsqueeze(-1), zero)
+    ids, n = segments(m, seq_ids, name="mask")
+    if n > advantages.shape[0]:
+        raise ShapeError("advantages", advantages.shape, f"at least ({n},) for seq_ids up to {n - 1}")
+    return torch.where(m, advantages[ids], zero)

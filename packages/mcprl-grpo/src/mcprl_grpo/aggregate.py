@@ -70,9 +70,9 @@ def aggregate_loss(
     lf = as_float(loss)
     zero = torch.zeros((), dtype=lf.dtype, device=lf.device)
     x = torch.where(m, lf, zero)
-    mf = m.to(lf.dtype)
     if mode == "token-mean":
-        return x.sum() / _denominator(mf.sum(), normalizer)
+        return x.sum() / _denominator(m.sum().to(lf.dtype), normalizer)
+    mf = m.to(lf.dtype)
     ids, n = segments(x, seq_ids, name="loss")
     seq_sum = segment_sum(x, ids, n)
     seq_len = segment_sum(mf, ids, n)

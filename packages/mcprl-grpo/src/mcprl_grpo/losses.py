@@ -91,17 +91,21 @@ def clipped_surrogate_loss(
         case _:
             assert_never(ratio_level)
     zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
-    adv = torch.where(m, _broadcast_advantages(advantages, logprobs).detach().to(ratio.dtype), zero)
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - eps_low, 1.0 + high)
-    loss = torch.maximum(unclipped, clipped)
+    # Masked positions have Â = 0 and r = 1, so every term below is exactly 0 there: no final mask needed.
+    neg_adv = torch.where(
+        m, _broadcast_advantages(advantages, logprobs).detach().to(ratio.dtype), zero
+    ).neg_()
+    # In-place on the fresh clamp output (its value is not needed by autograd): one allocation fewer.
+    loss = torch.maximum(neg_adv * ratio, ratio.clamp(1.0 - eps_low, 1.0 + high).mul_(neg_adv))
     if dual_clip is not None:
-        loss = torch.where(adv < 0, torch.minimum(loss, -dual_clip * adv), loss)
+        # Cap -c·Â applies where Â < 0; elsewhere the cap is 0, which never binds because the loss
+        # -Â·min(r, clip(r)) is <= 0 when Â >= 0.
+        loss = torch.minimum(loss, (neg_adv * dual_clip).clamp_(min=0.0))
     if is_weights is not None:
         check_float("is_weights", is_weights)
         check_same_shape("is_weights", is_weights, "logprobs", logprobs)
         loss = loss * torch.where(m, is_weights.detach().to(loss.dtype), zero)
-    return torch.where(m, loss, zero)
+    return loss
 
 
 def value_loss(
