@@ -146,7 +146,7 @@ async def test_infinite_loop_is_killed_at_the_deadline() -> None:
     assert is_error
     assert "timed out" in text
     assert "2 s wall-clock deadline" in text
-    assert 1.8 < elapsed < 2.0 * 1.1 + 0.5
+    assert 1.8 < elapsed < 2.0 * 1.1 + 1.5  # deadline +10 %, plus process start-up on a loaded machine
 
 
 async def test_sleep_is_killed_at_the_deadline() -> None:
@@ -239,6 +239,16 @@ async def test_huge_output_is_capped_without_growing_the_server() -> None:
     assert len(text) < 8_000
     assert elapsed < config.deadline_s / 2
     assert grown_kib < 64 * 1024
+
+
+async def test_flood_on_both_streams_is_capped_without_deadlock() -> None:
+    code = (
+        "import sys\nsys.stderr.write('e' * (20 * 1024 * 1024))\nsys.stdout.write('o' * (20 * 1024 * 1024))"
+    )
+    async with _client(_config(deadline_s=10.0)) as client:
+        is_error, text = await _run(client, code)
+    assert is_error
+    assert "output limit exceeded" in text
 
 
 async def test_one_50_mb_line_is_capped() -> None:
