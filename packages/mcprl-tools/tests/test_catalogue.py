@@ -31,28 +31,38 @@ def test_only_colliding_names_are_namespaced() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("policy", ["warn", "refuse"])
-async def test_catalogue_change_after_restart_is_detected(tmp_path: Path, marker: str, policy: str) -> None:
+async def test_catalogue_change_after_restart_is_detected_and_refused_if_configured(
+    tmp_path: Path, marker: str
+) -> None:
     variant = tmp_path / "variant"
     variant.write_text("1")
-    entry = flaky_server(
-        marker, "--variant-file", str(variant), on_catalogue_change=policy, restart={"backoff_initial": 0.1}
-    )
-    cfg = ServersConfig.from_dict({"mcpServers": {"drift": entry}})
+    servers = {
+        policy: flaky_server(
+            marker,
+            "--variant-file",
+            str(variant),
+            on_catalogue_change=policy,
+            restart={"backoff_initial": 0.1},
+        )
+        for policy in ("warn", "refuse")
+    }
+    cfg = ServersConfig.from_dict({"mcpServers": servers})
     async with ToolManager(cfg) as manager:
-        assert "(variant 1)" in next(t.description for t in manager.tools if t.name == "echo")
+        assert "(variant 1)" in next(t.description for t in manager.tools if t.name == "warn.echo")
         variant.write_text("2")
-        await manager.call("crash", {})
+        async with anyio.create_task_group() as tg:
+            for policy in servers:
+                tg.start_soon(manager.call, f"{policy}.crash", {})
         with anyio.fail_after(30):
-            after = await manager.call("add", {"a": 1, "b": 1})
+            warned = await manager.call("warn.add", {"a": 1, "b": 1})
+            refused = await manager.call("refuse.add", {"a": 1, "b": 1})
         m = manager.metrics()
-        assert "(variant 1)" in next(t.description for t in manager.tools if t.name == "echo")
-    assert m["tools/drift/catalogue_changed"] == 1
-    if policy == "refuse":
-        assert after.kind == "infra_error"
-        assert after.error_type == "catalogue_changed"
-    else:
-        assert after.ok
+        assert "(variant 1)" in next(t.description for t in manager.tools if t.name == "warn.echo")
+    assert m["tools/warn/catalogue_changed"] == 1
+    assert m["tools/refuse/catalogue_changed"] == 1
+    assert warned.ok
+    assert refused.kind == "infra_error"
+    assert refused.error_type == "catalogue_changed"
     assert marked_processes(marker) == []
 
 
