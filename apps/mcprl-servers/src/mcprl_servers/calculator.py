@@ -32,7 +32,7 @@ def calculate_text(expression: str) -> str:
 
 def build_server() -> MCPServer:
     """Build the calculator server (one tool: ``calculate``)."""
-    server = MCPServer("calculator", instructions="Exact arithmetic on expressions.")
+    server = MCPServer("calculator", instructions="Exact arithmetic on expressions.", log_level="WARNING")
 
     @server.tool(description=_DESCRIPTION, structured_output=False)
     def calculate(expression: str) -> str:

@@ -126,7 +126,9 @@ def build_server(fixture: dict[str, Any] | None = None) -> MCPServer:
         fixture: Data to serve; the shipped fixture when None.
     """
     data = FinanceData(fixture if fixture is not None else load_fixture())
-    server = MCPServer("finance", instructions="Market data for listed companies (prices in USD).")
+    server = MCPServer(
+        "finance", instructions="Market data for listed companies (prices in USD).", log_level="WARNING"
+    )
 
     @server.tool(structured_output=False)
     def get_quote(symbol: str) -> str:

@@ -25,7 +25,9 @@ def build_server(workspace: Workspace | None = None) -> MCPServer:
         workspace: Store to serve; a fresh in-memory workspace with the seed state when None.
     """
     store = workspace if workspace is not None else Workspace()
-    server = MCPServer("messaging", instructions="Team chat: channels, users and messages.")
+    server = MCPServer(
+        "messaging", instructions="Team chat: channels, users and messages.", log_level="WARNING"
+    )
 
     @server.tool(structured_output=False)
     def list_channels() -> str:

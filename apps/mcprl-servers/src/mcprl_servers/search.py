@@ -80,7 +80,9 @@ def build_server(index: SearchIndex | None = None) -> MCPServer:
         index: Index to serve; one over the shipped corpus when None.
     """
     engine = index if index is not None else SearchIndex()
-    server = MCPServer("search", instructions="Full-text search over news and reference documents.")
+    server = MCPServer(
+        "search", instructions="Full-text search over news and reference documents.", log_level="WARNING"
+    )
 
     @server.tool(structured_output=False)
     def search(query: str, k: int = 5) -> str:
