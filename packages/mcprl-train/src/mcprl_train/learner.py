@@ -1,0 +1,430 @@
+"""The update half of the loop: episode groups → advantages → packed PPO/GRPO optimizer steps.
+
+The math (advantages, GAE, clipped surrogate, KL, value loss, aggregation, ratio metrics) is mcprl-grpo's; the
+forward pass over packed sequences is mcprl-policy's. This module owns the orchestration around them:
+training targets from episodes, zero-variance filtering, one packing per iteration reused by every pass,
+minibatches × PPO epochs, gradient accumulation over micro-batches with a global normaliser (so the split
+never changes the objective), gradient clipping, optimizer and scheduler steps, reference sync, and the
+ratio-health check: ratios that stay exactly 1 after an optimizer step stop the run with a diagnosis (no
+gradient reached the trainable parameters) instead of being papered over.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import structlog
+import torch
+
+from mcprl_grpo import (
+    aggregate_loss,
+    aggregation_normalizer,
+    clip_metrics,
+    clipped_surrogate_loss,
+    entropy_loss,
+    gae_advantages,
+    group_advantages,
+    group_metrics,
+    ratio_metrics,
+    rewards_at_last_token,
+    token_kl,
+    value_loss,
+    value_metrics,
+    zero_variance_groups,
+)
+from mcprl_train.errors import RatioHealthError
+
+logger = structlog.get_logger()
+
+_MODES = {
+    "token_mean": "token-mean",
+    "seq_mean_token_mean": "seq-mean-token-mean",
+    "seq_mean_token_sum": "seq-mean-token-sum",
+    "dr_grpo": "seq-mean-token-sum-norm",
+}
+
+
+@attrs.frozen(kw_only=True)
+class Sample:
+    """One valid episode as training targets; tensors are `(L,)`, aligned with `token_ids`.
+
+    Position `t` of `action_mask`, `old_logprobs` and `advantages` refers to token `t` (predicted from `< t`).
+    """
+
+    token_ids: torch.Tensor
+    action_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    reward: float = 0.0
+
+
+def episode_sample(episode: Any, advantage: float) -> Sample:
+    """Training targets of one `mcprl_env.Episode` with a scalar (per-episode) advantage."""
+    ids = torch.tensor(episode.token_ids, dtype=torch.long)
+    mask = torch.tensor(episode.loss_mask, dtype=torch.bool)
+    old = torch.tensor(episode.sampler_logprobs, dtype=torch.float32)
+    if not (ids.shape == mask.shape == old.shape):
+        raise ValueError(
+            f"episode {episode.episode_id}: token_ids {tuple(ids.shape)}, loss_mask {tuple(mask.shape)} and "
+            f"sampler_logprobs {tuple(old.shape)} differ in length"
+        )
+    mask[0] = False  # the first token has no prefix: nothing predicts it
+    adv = torch.where(mask, torch.tensor(float(advantage)), torch.tensor(0.0))
+    return Sample(
+        token_ids=ids, action_mask=mask, old_logprobs=old, advantages=adv, reward=float(episode.reward)
+    )
+
+
+def pack_indices(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """First-fit-decreasing packing of sequences into bins of at most `max_tokens` tokens.
+
+    Returns index lists into `lengths`; a sequence longer than `max_tokens` gets a bin of its own (never cut).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        for b, load in enumerate(loads):
+            if load + lengths[i] <= max_tokens:
+                bins[b].append(i)
+                loads[b] += lengths[i]
+                break
+        else:
+            bins.append([i])
+            loads.append(lengths[i])
+    return bins
+
+
+def split_minibatches(num_items: int, num: int, rng: random.Random) -> list[list[int]]:
+    """Shuffle `range(num_items)` and deal it into `num` (nearly) equal minibatches."""
+    idx = list(range(num_items))
+    rng.shuffle(idx)
+    num = max(1, min(num, num_items))
+    return [idx[k::num] for k in range(num)]
+
+
+def warmup_lambda(warmup_steps: int, total_steps: int, schedule: str) -> Any:
+    """LR multiplier per scheduler step: linear warmup, then constant, linear or cosine decay to 0."""
+
+    def fn(step: int) -> float:
+        if warmup_steps > 0 and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        match schedule:
+            case "constant":
+                return 1.0
+            case "linear":
+                return 1.0 - progress
+            case "cosine":
+                return 0.5 * (1.0 + math.cos(math.pi * progress))
+            case _:
+                raise ValueError(f"unknown lr schedule {schedule!r}")
+
+    return fn
+
+
+def check_ratio_health(max_abs_dev: float, *, grad_norm: float, optimizer_steps: int) -> None:
+    """Stop when ratios are exactly 1 after an optimizer step: the update changed nothing the forward reads.
+
+    Raises:
+        RatioHealthError: with a diagnosis naming the likely cause.
+    """
+    if optimizer_steps == 0 or max_abs_dev != 0.0:
+        return
+    if grad_norm == 0.0 or not math.isfinite(grad_norm):
+        cause = (
+            f"the gradient norm at the previous optimizer step was {grad_norm}: no trainable parameter "
+            "received gradient (requires_grad off, LoRA target modules missing, or a detached forward)"
+        )
+    else:
+        cause = (
+            "the optimizer step did not change the weights the forward pass reads (optimizer over a different "
+            "parameter set, learning rate 0, or weights restored after the step)"
+        )
+    raise RatioHealthError(
+        f"importance ratios are exactly 1 after {optimizer_steps} optimizer step(s) of this iteration: {cause}"
+    )
+
+
+@attrs.define
+class _Micro:
+    """A packed micro-batch: the samples and their concatenated per-token fields `(N,)`."""
+
+    samples: list[Sample]
+    ids: list[list[int]]
+    seq_ids: torch.Tensor
+    mask: torch.Tensor
+    adv: torch.Tensor
+    old: torch.Tensor
+    ref: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+
+def _micro(batch: list[Sample]) -> _Micro:
+    return _Micro(
+        samples=batch,
+        ids=[s.token_ids.tolist() for s in batch],
+        seq_ids=torch.cat([torch.full((s.token_ids.numel(),), i) for i, s in enumerate(batch)]),
+        mask=torch.cat([s.action_mask for s in batch]),
+        adv=torch.cat([s.advantages for s in batch]),
+        old=torch.cat([s.old_logprobs for s in batch]),
+    )
+
+
+def _padded(parts: Sequence[torch.Tensor], fill: float | bool) -> torch.Tensor:
+    return torch.nn.utils.rnn.pad_sequence(list(parts), batch_first=True, padding_value=fill)
+
+
+class Learner:
+    """Owns the optimizer, scheduler and reference policy; turns episode groups into parameter updates.
+
+    Args:
+        policy: An `mcprl_policy.Policy` (anything with `model`, `value_head`, `trainable_parameters()` and
+            `forward_packed(sequences, temperature, values=...)`).
+        config: The run config (reads `grpo`, `optim`, `sampler.temperature`, `env.max_total_tokens`).
+        total_steps: Training steps, for the LR schedule.
+        seed: Seed of the minibatch shuffling.
+        reference: An `mcprl_policy.ReferencePolicy` (needed when `grpo.kl_coef > 0`).
+    """
+
+    def __init__(
+        self, *, policy: Any, config: Any, total_steps: int, seed: int, reference: Any = None
+    ) -> None:
+        self.policy = policy
+        self.grpo = config.grpo
+        self.optim_cfg = config.optim
+        self.temperature = float(config.sampler.temperature)
+        self.max_total_tokens = int(config.env.max_total_tokens)
+        self.mode: Any = _MODES[self.grpo.aggregation]
+        self.reference = reference
+        if self.grpo.kl_coef > 0 and reference is None:
+            raise ValueError("grpo.kl_coef > 0 needs a reference policy")
+        params = list(policy.trainable_parameters())
+        if not params:
+            raise RatioHealthError(
+                "the policy has no trainable parameter (requires_grad is False everywhere)"
+            )
+        self.params = params
+        self.optimizer = torch.optim.AdamW(
+            params,
+            lr=self.optim_cfg.lr,
+            betas=tuple(self.optim_cfg.betas),
+            eps=self.optim_cfg.eps,
+            weight_decay=self.optim_cfg.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, warmup_lambda(self.optim_cfg.warmup_steps, total_steps, self.optim_cfg.scheduler)
+        )
+        self.rng = random.Random(seed)
+
+    @property
+    def needs_values(self) -> bool:
+        return self.grpo.estimator == "gae"
+
+    @property
+    def recompute_old(self) -> bool:
+        """Old logprobs from a trainer forward: several updates per batch, GAE, or asked for."""
+        many = self.grpo.ppo_epochs * self.grpo.minibatches > 1
+        return many or self.needs_values or self.grpo.old_logprobs == "recompute"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": self.rng.getstate(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.rng.setstate(state["rng"])
+
+    def sync_reference(self) -> None:
+        """Copy the current weights into the reference policy (full fine-tune; no-op for LoRA references)."""
+        if self.reference is not None and not self.reference.shares_weights:
+            self.reference.sync()
+
+    # -- advantages --------------------------------------------------------------------------------------
+
+    def prepare(self, groups: Sequence[Any]) -> tuple[list[Sample], dict[str, float]]:
+        """Episode groups → samples with advantages; zero-variance groups counted (and dropped if configured).
+
+        Invalid episodes (infrastructure failures) are excluded from baselines and from the loss.
+        """
+        episodes = [e for g in groups for e in g.episodes]
+        if not episodes:
+            return [], {"adv/groups": 0.0, "adv/zero_std_frac": 0.0, "adv/samples": 0.0}
+        rewards = torch.tensor([float(e.reward) for e in episodes], dtype=torch.float32)
+        valid = torch.tensor([bool(e.valid) for e in episodes])
+        gids = torch.cat([torch.full((len(g.episodes),), k) for k, g in enumerate(groups)])
+        flat = zero_variance_groups(rewards, gids, valid=valid, num_groups=len(groups))
+        metrics = group_metrics(rewards, gids, valid=valid, num_groups=len(groups))
+        if self.needs_values:
+            adv = torch.zeros_like(rewards)  # per-token GAE later, from the old values
+        else:
+            adv = group_advantages(
+                rewards, gids, estimator=self.grpo.estimator, valid=valid, num_groups=len(groups)
+            )
+        keep = valid & ~(flat[gids] if self.grpo.filter_zero_std else torch.zeros_like(valid))
+        samples = [
+            episode_sample(e, float(a))
+            for e, a, k in zip(episodes, adv.tolist(), keep.tolist(), strict=True)
+            if k
+        ]
+        metrics["adv/samples"] = float(len(samples))
+        metrics["adv/informative_groups"] = metrics["adv/groups"] - float(flat.sum())
+        metrics["adv/abs_mean"] = float(adv[keep].abs().mean()) if bool(keep.any()) else 0.0
+        return samples, metrics
+
+    # -- the update --------------------------------------------------------------------------------------
+
+    def forward(self, m: _Micro) -> Any:
+        return self.policy.forward_packed(m.ids, temperature=self.temperature, values=self.needs_values)
+
+    def build_micro_batches(self, samples: Sequence[Sample]) -> list[_Micro]:
+        """Pack once per iteration: the recompute pass and every epoch see the same micro-batches.
+
+        The token budget is `optim.micro_batch_tokens`, lowered so each optimizer step accumulates over at
+        least `optim.grad_accum` micro-batches.
+        """
+        lengths = [int(s.token_ids.numel()) for s in samples]
+        per_step = -(-sum(lengths) // (self.grpo.minibatches * self.optim_cfg.grad_accum))
+        budget = max(1, min(self.optim_cfg.micro_batch_tokens, per_step))
+        return [_micro([samples[i] for i in b]) for b in pack_indices(lengths, budget)]
+
+    @torch.no_grad()
+    def recompute(self, micros: Sequence[_Micro]) -> None:
+        """Trainer-side old logprobs (and values), reference logprobs when KL is on, GAE targets."""
+        for m in micros:
+            if self.recompute_old:
+                out = self.forward(m)
+                m.old = out.logprobs.detach().float()
+                if self.needs_values:
+                    m.old_values = out.values.detach().float()
+                    self.gae_targets(m)
+            if self.reference is not None and self.grpo.kl_coef > 0:
+                m.ref = self.reference.logprobs(m.ids, temperature=self.temperature).logprobs.float()
+
+    def gae_targets(self, m: _Micro) -> None:
+        """Per-token GAE advantages and returns from the old values (credit only on policy tokens)."""
+        assert m.old_values is not None
+        lens = [int(s.token_ids.numel()) for s in m.samples]
+        mask = _padded([s.action_mask for s in m.samples], False)
+        values = _padded(list(torch.split(m.old_values, lens)), 0.0)
+        rewards = rewards_at_last_token(torch.tensor([s.reward for s in m.samples]), mask)
+        adv, ret = gae_advantages(rewards, values, mask, gamma=self.grpo.gamma, lam=self.grpo.lam)
+        m.adv = torch.cat([adv[i, :n] for i, n in enumerate(lens)])
+        m.returns = torch.cat([ret[i, :n] for i, n in enumerate(lens)])
+
+    def update(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """PPO epochs × minibatches over packed micro-batches; one scheduler step per call.
+
+        Returns:
+            Averages of `loss/*`, `ratio/*`, `clip/*`, `kl/*`, `value/*` over micro-batches, and `optim/*`.
+        """
+        if not samples:
+            return {"optim/skipped": 1.0}
+        self.policy.train()
+        micros = self.build_micro_batches(samples)
+        self.recompute(micros)
+        acc: dict[str, list[float]] = {}
+        steps = 0
+        grad_norm = float("nan")
+        for _epoch in range(self.grpo.ppo_epochs):
+            for mb in split_minibatches(len(micros), self.grpo.minibatches, self.rng):
+                group = [micros[i] for i in mb]
+                normalizer = torch.stack(
+                    [aggregation_normalizer(m.mask, mode=self.mode, seq_ids=m.seq_ids) for m in group]
+                ).sum()
+                self.optimizer.zero_grad(set_to_none=True)
+                max_dev = 0.0
+                for m in group:
+                    stats = self.micro_step(m, normalizer)
+                    max_dev = max(max_dev, stats["ratio/max_abs_dev"])
+                    for k, v in stats.items():
+                        acc.setdefault(k, []).append(v)
+                if self.recompute_old:
+                    check_ratio_health(max_dev, grad_norm=grad_norm, optimizer_steps=steps)
+                grad_norm = self.optimizer_step()
+                acc.setdefault("optim/grad_norm", []).append(grad_norm)
+                steps += 1
+        self.scheduler.step()
+        metrics = {k: sum(v) / len(v) for k, v in acc.items()}
+        metrics["ratio/max_abs_dev"] = max(acc.get("ratio/max_abs_dev", [0.0]))
+        metrics["optim/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics["optim/steps"] = float(steps)
+        metrics["perf/micro_batches"] = float(len(micros))
+        metrics["perf/train_tokens"] = float(sum(len(i) for m in micros for i in m.ids))
+        return metrics
+
+    def micro_step(self, m: _Micro, normalizer: torch.Tensor) -> dict[str, float]:
+        """Forward + backward of one micro-batch, aggregated with the minibatch's global normaliser."""
+        g = self.grpo
+        out = self.forward(m)
+        new = out.logprobs.float()
+        token_loss = clipped_surrogate_loss(
+            new, m.old, m.adv, m.mask, eps_low=g.clip_eps_low, eps_high=g.clip_eps_high, dual_clip=g.dual_clip
+        )
+        stats: dict[str, float] = {}
+        with torch.no_grad():
+            stats["loss/policy"] = float(aggregate_loss(token_loss.detach(), m.mask, mode="token-mean"))
+        if m.ref is not None:
+            kl = token_kl(new, m.ref, m.mask, estimator=g.kl_estimator)
+            token_loss = token_loss + g.kl_coef * kl
+            stats["loss/kl"] = float(aggregate_loss(kl.detach(), m.mask, mode="token-mean"))
+        if g.entropy_coef > 0:
+            token_loss = token_loss + entropy_loss(out.entropies.float(), m.mask, coef=g.entropy_coef)
+        if self.needs_values:
+            assert m.old_values is not None
+            assert m.returns is not None
+            values = out.values.float()
+            vl = value_loss(values, m.old_values, m.returns, m.mask, clip=g.value_clip)
+            token_loss = token_loss + g.value_coef * vl
+            stats["loss/value"] = float(aggregate_loss(vl.detach(), m.mask, mode="token-mean"))
+            stats.update(value_metrics(values, m.returns, m.mask))
+        loss = aggregate_loss(
+            token_loss,
+            m.mask,
+            mode=self.mode,
+            normalizer=normalizer,
+            max_tokens=self.max_total_tokens,
+            seq_ids=m.seq_ids,
+        )
+        loss.backward()
+        stats["loss/total"] = float(loss.detach())
+        stats["loss/entropy"] = float(
+            aggregate_loss(out.entropies.detach().float(), m.mask, mode="token-mean")
+        )
+        stats.update(ratio_metrics(new, m.old, m.mask))
+        stats.update(
+            clip_metrics(
+                new,
+                m.old,
+                m.adv,
+                m.mask,
+                eps_low=g.clip_eps_low,
+                eps_high=g.clip_eps_high,
+                dual_clip=g.dual_clip,
+            )
+        )
+        return stats
+
+    def optimizer_step(self) -> float:
+        """Clip, step; returns the pre-clip gradient norm. A step with no gradient anywhere is an error."""
+        if all(p.grad is None for p in self.params):
+            raise RatioHealthError(
+                "no trainable parameter received gradient in this minibatch: the loss does not depend on the "
+                "trainable parameters (detached forward, frozen model, or an empty action mask)"
+            )
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.optim_cfg.max_grad_norm))
+        if not math.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            logger.warning("non_finite_gradient_skipped", grad_norm=norm)
+            return norm
+        self.optimizer.step()
+        return norm

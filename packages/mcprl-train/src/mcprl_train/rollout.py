@@ -1,0 +1,133 @@
+"""Collection: many task groups concurrently through mcprl-env, with retries for infrastructure failures.
+
+Model faults are data (the episode is scored and trained on); infrastructure faults are ours: a group whose
+episodes died of them is re-run (bounded retries), leftovers stay masked out of baselines and loss
+(`valid=False`), and the run aborts only when the invalid-episode rate of a step passes
+`run.max_invalid_rate` — with a message that names the errors.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import structlog
+
+from mcprl_train.errors import InvalidRateError
+
+logger = structlog.get_logger()
+
+
+def count_invalid(group: Any) -> int:
+    return sum(1 for e in group.episodes if not e.valid)
+
+
+async def run_groups(
+    env: Any,
+    tasks: Sequence[Any],
+    sampler: Any,
+    *,
+    group_size: int,
+    limiter: anyio.CapacityLimiter,
+    namespace: str | None,
+    on_group: Callable[[Any], None] | None,
+) -> list[Any]:
+    """`Environment.run_group` for every task at once under one episode limiter; reports each finished group."""
+    groups: list[Any] = [None] * len(tasks)
+
+    async def one(i: int) -> None:
+        groups[i] = await env.run_group(
+            tasks[i], sampler, group_size=group_size, namespace=namespace, limiter=limiter
+        )
+        if on_group is not None:
+            on_group(groups[i])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(tasks)):
+            tg.start_soon(one, i)
+    return groups
+
+
+async def collect_groups(
+    env: Any,
+    tasks: Sequence[Any],
+    sampler: Any,
+    *,
+    group_size: int,
+    max_concurrent_episodes: int,
+    max_retries: int,
+    namespace: str | None = None,
+    on_group: Callable[[Any], None] | None = None,
+) -> list[Any]:
+    """Run one group of `group_size` episodes per task, concurrently; retry groups hit by infra failures.
+
+    A group is re-run (up to `max_retries` times, under a fresh episode-id namespace so stateful servers
+    start clean) when more than half of its episodes are invalid, so a transient server crash does not cost
+    the task's signal; the retry replaces the whole group so the group stays one draw from the current policy.
+
+    Args:
+        on_group: Called with each group as it finishes (progress bars).
+
+    Returns:
+        One group per task, in task order.
+    """
+    limiter = anyio.CapacityLimiter(max_concurrent_episodes)
+    kw: dict[str, Any] = {"group_size": group_size, "limiter": limiter}
+    groups = await run_groups(env, tasks, sampler, namespace=namespace, on_group=on_group, **kw)
+    for attempt in range(1, max_retries + 1):
+        bad = [i for i, g in enumerate(groups) if 2 * count_invalid(g) > len(g.episodes)]
+        if not bad:
+            break
+        logger.warning("rollout_retry", attempt=attempt, groups=len(bad))
+        again = await run_groups(
+            env,
+            [tasks[i] for i in bad],
+            sampler,
+            namespace=f"{namespace or 'rollout'}.retry{attempt}",
+            on_group=None,
+            **kw,
+        )
+        for i, g in zip(bad, again, strict=True):
+            groups[i] = g
+    return groups
+
+
+def check_invalid_rate(groups: Sequence[Any], max_invalid_rate: float) -> float:
+    """The step's invalid-episode fraction; raises when it passes the configured limit.
+
+    Raises:
+        InvalidRateError: naming the rate, the limit and the most common errors.
+    """
+    episodes = [e for g in groups for e in g.episodes]
+    if not episodes:
+        return 0.0
+    invalid = [e for e in episodes if not e.valid]
+    rate = len(invalid) / len(episodes)
+    if rate > max_invalid_rate:
+        errors = Counter(str(e.error or e.stop_reason) for e in invalid).most_common(3)
+        raise InvalidRateError(
+            f"{len(invalid)}/{len(episodes)} episodes ({rate:.1%}) failed for infrastructure reasons, above "
+            f"run.max_invalid_rate={max_invalid_rate:.1%}; most common: {errors}. Check the tool servers "
+            "(`mcprl-train doctor`) or raise the limit."
+        )
+    return rate
+
+
+def rollout_metrics(groups: Sequence[Any], prefix: str = "rollout") -> dict[str, float]:
+    """`mcprl_env.aggregate_metrics` of the groups, re-rooted under `prefix` when it is not `rollout`.
+
+    Keys: `<prefix>/success_rate`, `<prefix>/reward_mean`, `<prefix>/turns_mean`, `<prefix>/tools/error_rate`,
+    `<prefix>/reward/<component>_mean`, ... (`rollout`, `tools`, `reward` at the top level for training).
+    """
+    from mcprl_env import aggregate_metrics
+
+    raw = aggregate_metrics(list(groups)) if groups else {}
+    if prefix == "rollout":
+        return dict(raw)
+    out: dict[str, float] = {}
+    for key, value in raw.items():
+        head, _, rest = key.partition("/")
+        out[f"{prefix}/{rest}" if head == "rollout" else f"{prefix}/{key}"] = value
+    return out

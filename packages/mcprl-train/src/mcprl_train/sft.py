@@ -1,0 +1,181 @@
+"""The warm start: supervised fine-tuning on demonstrations, loss on assistant tokens only.
+
+A tiny random model cannot discover the tool-call format by RL alone, so a run first imitates a small, fixed
+set of (imperfect) demonstrations. Demonstrations are rendered with the same chat template and tool schemas
+the environment uses, so the tokens the model imitates are the tokens it will later sample.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import structlog
+import torch
+
+from mcprl_train.learner import pack_indices, warmup_lambda
+
+logger = structlog.get_logger()
+
+
+@attrs.frozen(kw_only=True)
+class SFTExample:
+    """One rendered demonstration: token ids and a mask that is 1 on assistant tokens."""
+
+    token_ids: list[int]
+    assistant_mask: list[int]
+
+    @property
+    def num_targets(self) -> int:
+        return sum(self.assistant_mask[1:])
+
+
+def render_example(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> SFTExample:
+    """Render a conversation with the chat template; the mask marks the assistant (generation) tokens.
+
+    Raises:
+        ValueError: when the template has no `{% generation %}` markers (no assistant mask) or the
+            conversation has no assistant token.
+    """
+    out = tokenizer.apply_chat_template(
+        list(messages),
+        tools=tools or None,
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
+    ids = list(out["input_ids"])
+    mask = list(out.get("assistant_masks") or [])
+    if len(mask) != len(ids):
+        raise ValueError("the chat template returned no assistant mask: it needs {% generation %} markers")
+    if not any(mask):
+        raise ValueError("demonstration has no assistant tokens")
+    return SFTExample(token_ids=ids, assistant_mask=[int(m) for m in mask])
+
+
+@attrs.frozen(kw_only=True)
+class SFTSettings:
+    """Hyperparameters of the warm start (from `config.sft` and `config.optim`)."""
+
+    lr: float
+    batch_size: int
+    total_steps: int
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    micro_batch_tokens: int = 8192
+
+
+class SFTStage:
+    """Supervised fine-tuning with its own optimizer, schedule and metrics (`sft/*`).
+
+    The value head is not trained here (there is no return to regress on); only the language model's
+    trainable parameters are.
+    """
+
+    def __init__(
+        self, *, policy: Any, settings: SFTSettings, examples: Sequence[SFTExample], seed: int
+    ) -> None:
+        if not examples:
+            raise ValueError("SFT needs at least one demonstration")
+        self.policy = policy
+        self.config = settings
+        self.examples = list(examples)
+        params = [p for p in policy.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, warmup_lambda(settings.warmup_steps, max(1, settings.total_steps), "constant")
+        )
+        self.rng = random.Random(seed)
+        self.order: list[int] = []
+        self.step = 0
+        self.epoch = 0
+
+    def next_batch(self) -> list[SFTExample]:
+        batch: list[SFTExample] = []
+        while len(batch) < self.config.batch_size:
+            if not self.order:
+                self.order = list(range(len(self.examples)))
+                self.rng.shuffle(self.order)
+                self.epoch += 1
+            batch.append(self.examples[self.order.pop()])
+        return batch
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step over `batch_size` demonstrations (packed micro-batches, token-mean loss)."""
+        t0 = time.perf_counter()
+        batch = self.next_batch()
+        total = max(1, sum(e.num_targets for e in batch))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        correct = 0.0
+        for b in pack_indices([len(e.token_ids) for e in batch], self.config.micro_batch_tokens):
+            items = [batch[i] for i in b]
+            out = self.policy.forward_packed([e.token_ids for e in items], temperature=1.0, values=False)
+            mask = torch.cat([torch.tensor(e.assistant_mask, dtype=torch.float32) for e in items])
+            starts = torch.cumsum(torch.tensor([0] + [len(e.token_ids) for e in items[:-1]]), 0)
+            mask[starts] = 0.0
+            lp = out.logprobs.float()
+            loss = -(lp * mask).sum() / total
+            loss.backward()
+            loss_sum += float(loss.detach()) * total
+            # A target is "right" when the model gives it > 1/2 probability (then it is also its argmax).
+            correct += float(((lp > math.log(0.5)).float() * mask).sum())
+        norm = float(
+            torch.nn.utils.clip_grad_norm_(
+                [p for g in self.optimizer.param_groups for p in g["params"]], self.config.max_grad_norm
+            )
+        )
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return {
+            "sft/loss": loss_sum / total,
+            "sft/token_acc": correct / total,
+            "sft/grad_norm": norm,
+            "sft/lr": float(self.optimizer.param_groups[0]["lr"]),
+            "sft/epoch": float(self.epoch),
+            "sft/tokens": float(total),
+            "perf/sft_step_s": time.perf_counter() - t0,
+        }
+
+    def run(
+        self,
+        *,
+        steps: int,
+        time_budget_s: float | None = None,
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> dict[str, float]:
+        """Run `steps` optimizer steps (or until `time_budget_s`); returns the last step's metrics."""
+        last: dict[str, float] = {}
+        start = time.perf_counter()
+        for _ in range(steps):
+            if time_budget_s is not None and time.perf_counter() - start >= time_budget_s:
+                break
+            last = self.train_step()
+            if on_step is not None:
+                on_step(self.step, last)
+        return last
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": self.rng.getstate(),
+            "order": list(self.order),
+            "step": self.step,
+            "epoch": self.epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.rng.setstate(state["rng"])
+        self.order = list(state["order"])
+        self.step = int(state["step"])
+        self.epoch = int(state["epoch"])

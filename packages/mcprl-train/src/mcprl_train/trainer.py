@@ -1,0 +1,450 @@
+"""The training loop: warm start (SFT) → GRPO steps (collect → learn → sync) with evaluation and checkpoints.
+
+`Trainer(config, run_dir).run()` returns a summary dict. Resume (`resume=True`) restores the last complete
+checkpoint — weights, optimizer, scheduler, RNG states, task-stream position, stage and step — and syncs the
+sampler before the first rollout, so the next step equals the one an uninterrupted run would have taken.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+import anyio
+import attrs
+import structlog
+import torch
+
+from mcprl_train import build
+from mcprl_train.data import StreamPosition, TaskStream
+from mcprl_train.evaluate import evaluate_tasks
+from mcprl_train.learner import Learner
+from mcprl_train.rollout import check_invalid_rate, collect_groups, rollout_metrics
+from mcprl_train.rundir import RunDir
+from mcprl_train.sft import SFTStage, render_example
+
+logger = structlog.get_logger()
+
+Stage = Literal["sft", "grpo", "done"]
+Hook = Callable[[str, "Trainer"], None]
+
+
+@attrs.define
+class TrainState:
+    """What a checkpoint must restore besides weights and optimizer states."""
+
+    stage: Stage = "sft"
+    step: int = 0
+    sft_step: int = 0
+    position: StreamPosition = attrs.field(factory=StreamPosition)
+    elapsed_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "step": self.step,
+            "sft_step": self.sft_step,
+            "position": self.position.to_dict(),
+            "elapsed_s": self.elapsed_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainState:
+        return cls(
+            stage=data["stage"],
+            step=int(data["step"]),
+            sft_step=int(data["sft_step"]),
+            position=StreamPosition.from_dict(data["position"]),
+            elapsed_s=float(data.get("elapsed_s", 0.0)),
+        )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """One training run in a run directory.
+
+    Args:
+        config: The resolved `mcprl_train.config.Config`.
+        run_dir: The `mcprl_train.rundir.RunDir` (created by the caller with `RunDir.create` / `RunDir.open`).
+        resume: Continue from the run directory's last complete checkpoint.
+        hooks: Called as `hook(event, trainer)` at `before_rollout`, `after_rollout`, `after_update`,
+            `after_step`, `after_checkpoint` (tests use them to inspect or interrupt a run).
+        progress: Progress reporter (`mcprl_train.trainer.Progress`); None shows nothing.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        run_dir: RunDir,
+        *,
+        resume: bool = False,
+        hooks: tuple[Hook, ...] = (),
+        progress: Any = None,
+    ) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.resume = resume
+        self.hooks = hooks
+        self.progress = progress
+        self.state = TrainState(stage="sft" if config.sft.enabled else "grpo")
+        self.policy: Any = None
+        self.sampler: Any = None
+        self.eval_sampler: Any = None
+        self.learner: Learner | None = None
+        self.sft: SFTStage | None = None
+        self.env: Any = None
+        self.stream: TaskStream | None = None
+        self.val_tasks: list[Any] = []
+        self.history: list[dict[str, Any]] = []
+        self.last_step_tasks: list[str] = []
+        self.restored_from: str | None = None
+        self.clock = time.perf_counter()
+
+    def emit(self, event: str) -> None:
+        for hook in self.hooks:
+            hook(event, self)
+
+    def run(self) -> dict[str, Any]:
+        """Run every remaining stage; returns the summary (also written to `summary.json`)."""
+        return anyio.run(self.arun)
+
+    async def arun(self) -> dict[str, Any]:
+        from mcprl_env import Environment
+        from mcprl_tools import ToolManager
+
+        cfg = self.config
+        seed_everything(cfg.run.seed)
+        loaded = self.run_dir.checkpoints.load_latest() if self.resume else None
+        self.policy = build.build_policy(cfg, source=str(loaded.subdir("policy")) if loaded else None)
+        self.policy.train()
+        self.sampler = build.build_sampler(cfg, self.policy, seed=cfg.run.seed)
+        self.eval_sampler = build.build_sampler(cfg, self.policy, greedy=cfg.eval.greedy, seed=cfg.run.seed)
+        train_set = build.load_task_source(cfg.tasks.train, name="train")
+        self.stream = TaskStream(train_set, seed=cfg.run.seed)
+        if cfg.tasks.validation is not None:
+            val_set = build.load_task_source(cfg.tasks.validation, name="validation")
+            self.val_tasks = build.first_tasks(val_set, cfg.eval.n_tasks)
+        reference = build.build_reference(cfg, self.policy)
+        self.learner = Learner(
+            policy=self.policy, config=cfg, total_steps=cfg.run.steps, seed=cfg.run.seed, reference=reference
+        )
+        async with ToolManager(build.servers_config(cfg)) as manager:
+            self.env = Environment(
+                manager=manager, tokenizer=self.policy.tokenizer, config=build.env_config(cfg)
+            )
+            if cfg.sft.enabled:
+                self.sft = SFTStage(
+                    policy=self.policy,
+                    settings=build.sft_settings(cfg),
+                    examples=self.demo_examples(),
+                    seed=cfg.run.seed,
+                )
+            if self.resume:
+                self.restore(loaded)
+            return await self.stages()
+
+    # -- stages ------------------------------------------------------------------------------------------
+
+    async def stages(self) -> dict[str, Any]:
+        cfg = self.config
+        self.clock = time.perf_counter() - self.state.elapsed_s
+        if self.state.stage == "sft":
+            await self.evaluate("init")
+            await self.warm_start()
+            await self.evaluate("warm_start")
+            self.state.stage = "grpo"
+            self.checkpoint()
+        elif self.state.stage == "grpo" and self.state.step == 0 and self.restored_from is None:
+            await self.evaluate("init")
+        while self.state.stage == "grpo" and self.state.step < cfg.run.steps:
+            await self.grpo_step()
+            every = cfg.eval.every
+            if every and self.state.step % every == 0 and self.state.step < cfg.run.steps:
+                await self.evaluate("periodic")
+            if cfg.run.checkpoint_every and self.state.step % cfg.run.checkpoint_every == 0:
+                self.checkpoint()
+        if self.state.stage == "grpo":
+            await self.evaluate("final")
+            self.state.stage = "done"
+            self.checkpoint()
+        return self.finish()
+
+    async def warm_start(self) -> None:
+        """Supervised steps on the demonstrations until `sft.steps` (or `sft.epochs`) are done."""
+        assert self.sft is not None
+        total = self.sft_total_steps()
+        while self.state.sft_step < total:
+            metrics = self.sft.train_step()
+            self.state.sft_step = self.sft.step
+            self.log_metrics("sft", self.state.step, metrics)
+            self.live_line_sft(metrics, total)
+
+    def sft_total_steps(self) -> int:
+        assert self.sft is not None
+        cfg = self.config.sft
+        if cfg.steps is not None:
+            return int(cfg.steps)
+        per_epoch = -(-len(self.sft.examples) // cfg.batch_size)
+        return per_epoch * cfg.epochs
+
+    async def grpo_step(self) -> dict[str, float]:
+        """Collect `tasks_per_step` groups (back-filling zero-variance ones), learn, sync the sampler."""
+        assert self.stream is not None
+        assert self.learner is not None
+        cfg = self.config
+        step = self.state.step + 1
+        t0 = time.perf_counter()
+        tasks = self.stream.take(cfg.grpo.tasks_per_step)
+        if cfg.sampler.backend == "hf":
+            # A fresh generator per step: step k samples alike in a resumed and an uninterrupted run.
+            self.sampler = build.build_sampler(cfg, self.policy, seed=build.step_seed(cfg.run.seed, step))
+        self.last_step_tasks = [t.id for t in tasks]
+        self.emit("before_rollout")
+        groups = await self.collect(tasks, step, round_=0)
+        invalid_rate = check_invalid_rate(groups, cfg.run.max_invalid_rate)
+        all_groups = list(groups)
+        samples, adv = self.learner.prepare(groups)
+        rounds = 0
+        while cfg.grpo.filter_zero_std and rounds < cfg.grpo.backfill_rounds:
+            kept = int(adv["adv/groups"] * (1.0 - adv["adv/zero_std_frac"]))
+            missing = cfg.grpo.tasks_per_step - kept
+            if missing <= 0:
+                break
+            rounds += 1
+            extra_tasks = self.stream.take(missing)
+            self.last_step_tasks += [t.id for t in extra_tasks]
+            extra = await self.collect(extra_tasks, step, round_=rounds)
+            check_invalid_rate(extra, cfg.run.max_invalid_rate)
+            all_groups += extra
+            samples, adv = self.learner.prepare(all_groups)
+        t_collect = time.perf_counter() - t0
+        self.emit("after_rollout")
+        self.state.position = self.stream.position
+        metrics = rollout_metrics(all_groups)
+        metrics.update(adv)
+        metrics["rollout/invalid_rate"] = invalid_rate
+        metrics["adv/backfill_rounds"] = float(rounds)
+        t1 = time.perf_counter()
+        metrics.update(self.learner.update(samples))
+        self.sync_sampler()
+        if cfg.run.ref_sync_every and step % cfg.run.ref_sync_every == 0:
+            self.learner.sync_reference()
+        self.emit("after_update")
+        t_learn = time.perf_counter() - t1
+        self.state.step = step
+        n_tokens = sum(len(e.token_ids) for g in all_groups for e in g.episodes)
+        metrics.update(
+            {
+                "perf/collect_s": t_collect,
+                "perf/learn_s": t_learn,
+                "perf/step_s": time.perf_counter() - t0,
+                "perf/tokens_per_s": n_tokens / max(1e-9, time.perf_counter() - t0),
+                "time/elapsed_s": self.elapsed(),
+            }
+        )
+        self.log_metrics("grpo", step, metrics)
+        self.write_trajectories(step, all_groups)
+        self.live_line(step, metrics)
+        self.emit("after_step")
+        return metrics
+
+    async def collect(self, tasks: list[Any], step: int, *, round_: int) -> list[Any]:
+        cfg = self.config
+        return await collect_groups(
+            self.env,
+            tasks,
+            self.sampler,
+            group_size=cfg.grpo.group_size,
+            max_concurrent_episodes=cfg.env.max_concurrent_episodes,
+            max_retries=cfg.run.rollout_retries,
+            namespace=f"step-{step}" if round_ == 0 else f"step-{step}.{round_}",
+        )
+
+    def sync_sampler(self) -> None:
+        """Push the new weights to the sampler (a no-op for samplers reading the live weights)."""
+        for sampler in (self.sampler, self.eval_sampler):
+            sync = getattr(sampler, "sync_weights", None)
+            if sync is not None:
+                sync()
+
+    async def evaluate(self, tag: str) -> dict[str, float]:
+        """Validation metrics (`val/*`) at the current step; logged with `tag` (init, warm_start, ...)."""
+        if not self.val_tasks:
+            return {}
+        self.policy.eval()
+        try:
+            metrics, _ = await evaluate_tasks(
+                self.env,
+                self.val_tasks,
+                self.eval_sampler,
+                max_concurrent_episodes=self.config.env.max_concurrent_episodes,
+                namespace=f"eval-{tag}-{self.state.sft_step}-{self.state.step}",
+            )
+        finally:
+            self.policy.train()
+        metrics["time/elapsed_s"] = self.elapsed()
+        self.log_metrics("eval", self.state.step, metrics, tag=tag)
+        self.live_line_eval(tag, metrics)
+        return metrics
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - getattr(self, "clock", time.perf_counter())
+
+    # -- demonstrations ----------------------------------------------------------------------------------
+
+    def demo_examples(self) -> list[Any]:
+        """Render the warm-start demonstrations with the tool schemas the environment shows for each task."""
+        assert self.stream is not None
+        by_id = {}
+        tasks = self.stream.tasks
+        for i in range(len(tasks)):
+            by_id[tasks.task_at(i).id] = i
+        out = []
+        for task_id, messages in build.load_demos(self.config):
+            task = tasks.task_at(by_id[task_id])
+            out.append(
+                render_example(self.policy.tokenizer, messages, list(self.env.tool_access(task).schemas))
+            )
+        return out
+
+    # -- records -----------------------------------------------------------------------------------------
+
+    def log_metrics(self, kind: str, step: int, metrics: dict[str, float], *, tag: str | None = None) -> None:
+        """One `metrics.jsonl` record; SFT records carry GRPO step 0 (so a resume rewinds by GRPO step)."""
+        record: dict[str, Any] = {"stage": self.state.stage, "sft_step": self.state.sft_step}
+        if tag is not None:
+            record["tag"] = tag
+        record.update({k: float(v) for k, v in metrics.items()})
+        self.history.append({"kind": kind, "step": step, **record})
+        self.run_dir.append_metrics(step, record, kind=kind)
+
+    def write_trajectories(self, step: int, groups: list[Any]) -> None:
+        """Every episode of the step, one JSON line each (crash-safe, deduplicated by the run dir)."""
+        self.run_dir.append_trajectories(step, (e.to_dict() for g in groups for e in g.episodes))
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Save weights, optimizer/scheduler/RNG states, stage, step and data position atomically."""
+        assert self.learner is not None
+        self.state.elapsed_s = self.elapsed()
+        state_dicts: dict[str, Any] = {"learner": self.learner.state_dict()}
+        if self.sft is not None:
+            state_dicts["sft"] = self.sft.state_dict()
+        self.run_dir.checkpoints.save(
+            self.state.step,
+            writers={"policy": self.policy.save_pretrained},
+            state_dicts=state_dicts,
+            meta={"state": self.state.to_dict()},
+        )
+        self.emit("after_checkpoint")
+
+    def restore(self, loaded: Any) -> None:
+        """Restore from a loaded checkpoint (weights were loaded with the policy); rewind the logs to it.
+
+        Without a checkpoint the run starts over and the logs are cleared.
+        """
+        assert self.learner is not None
+        assert self.stream is not None
+        if loaded is None:
+            logger.warning("resume_without_checkpoint", run_dir=str(self.run_dir.path))
+            self.run_dir.rewind(-1)
+            return
+        self.state = TrainState.from_dict(loaded.meta["state"])
+        self.learner.load_state_dict(loaded.state("learner"))
+        if self.sft is not None and loaded.has_state("sft"):
+            self.sft.load_state_dict(loaded.state("sft"))
+        loaded.restore_rng()
+        self.stream.position = self.state.position
+        self.sync_sampler()
+        self.run_dir.rewind(self.state.step)
+        self.restored_from = str(loaded.path)
+        logger.info("resumed", checkpoint=loaded.path.name, stage=self.state.stage, step=self.state.step)
+
+    # -- console -----------------------------------------------------------------------------------------
+
+    def live_line(self, step: int, m: dict[str, float]) -> None:
+        """One line per GRPO step: reward, success rate, KL, tool errors, ratio health, timing."""
+        logger.info(
+            "grpo_step",
+            step=f"{step}/{self.config.run.steps}",
+            reward=round(m.get("rollout/reward_mean", 0.0), 3),
+            success=round(m.get("rollout/success_rate", 0.0), 3),
+            kl=round(m.get("loss/kl", 0.0), 4),
+            tool_errors=round(m.get("tools/error_rate", 0.0), 3),
+            zero_std=round(m.get("adv/zero_std_frac", 0.0), 2),
+            clip=round(m.get("ratio/clip_frac", 0.0), 3),
+            step_s=round(m.get("perf/step_s", 0.0), 1),
+            elapsed_s=round(self.elapsed(), 0),
+        )
+
+    def live_line_sft(self, m: dict[str, float], total: int) -> None:
+        every = max(1, total // 20)
+        if self.state.sft_step % every == 0 or self.state.sft_step == total:
+            logger.info(
+                "sft_step",
+                step=f"{self.state.sft_step}/{total}",
+                loss=round(m["sft/loss"], 4),
+                token_acc=round(m["sft/token_acc"], 3),
+                elapsed_s=round(self.elapsed(), 0),
+            )
+
+    def live_line_eval(self, tag: str, m: dict[str, float]) -> None:
+        logger.info(
+            "validation",
+            tag=tag,
+            step=self.state.step,
+            success=round(m.get("val/success_rate", 0.0), 3),
+            reward=round(m.get("val/reward_mean", 0.0), 3),
+            turns=round(m.get("val/turns_mean", 0.0), 2),
+            tool_errors=round(m.get("val/tools/error_rate", 0.0), 3),
+            tasks=len(self.val_tasks),
+            time_s=round(m.get("val/time_s", 0.0), 1),
+        )
+
+    # -- the end -----------------------------------------------------------------------------------------
+
+    def evals(self) -> list[dict[str, Any]]:
+        return [r for r in self.history if r["kind"] == "eval"]
+
+    def finish(self) -> dict[str, Any]:
+        """The run's summary (`summary.json`): validation before/after each stage, timing, where things are."""
+        evals = {r.get("tag"): r for r in self.evals()}
+        last_evals = [r for r in self.evals() if r.get("tag") in ("periodic", "final")]
+
+        def val(tag: str, key: str) -> float | None:
+            r = evals.get(tag)
+            return None if r is None or key not in r else float(r[key])
+
+        summary: dict[str, Any] = {
+            "run_dir": str(self.run_dir.path),
+            "steps": self.state.step,
+            "sft_steps": self.state.sft_step,
+            "elapsed_s": round(self.elapsed(), 1),
+            "val_tasks": len(self.val_tasks),
+            "success_init": val("init", "val/success_rate"),
+            "success_warm_start": val("warm_start", "val/success_rate"),
+            "success_final": val("final", "val/success_rate"),
+            "reward_init": val("init", "val/reward_mean"),
+            "reward_warm_start": val("warm_start", "val/reward_mean"),
+            "reward_final": val("final", "val/reward_mean"),
+            "success_last3_mean": (
+                sum(r["val/success_rate"] for r in last_evals[-3:]) / len(last_evals[-3:])
+                if last_evals
+                else None
+            ),
+            "resumed_from": self.restored_from,
+        }
+        import json
+
+        from mcprl_train.rundir import _atomic_write_text
+
+        _atomic_write_text(self.run_dir.path / "summary.json", json.dumps(summary, indent=2) + "\n")
+        logger.info("run_finished", **{k: v for k, v in summary.items() if v is not None})
+        return summary
