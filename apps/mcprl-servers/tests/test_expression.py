@@ -87,11 +87,23 @@ def test_bad_expressions_raise_a_short_reason(expression: str, reason: str) -> N
         "a.b",
         "0x10",
         "1_000",
+        "٣ + 1",
     ],
 )
 def test_python_syntax_beyond_arithmetic_is_rejected(expression: str) -> None:
     with pytest.raises(ExpressionError):
         evaluate(expression)
+
+
+def test_the_evaluator_never_calls_python_eval_exec_or_compile() -> None:
+    import ast
+    import inspect
+
+    from mcprl_servers import expression
+
+    tree = ast.parse(inspect.getsource(expression))
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert not called & {"eval", "exec", "compile", "__import__", "getattr"}
 
 
 def test_overlong_and_deeply_nested_expressions_are_refused() -> None:

@@ -30,7 +30,8 @@ _MAX_BITS = 20_000
 _INEXACT_DIGITS = 40
 
 _TOKEN = re.compile(
-    r"\s*(?:(?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,4})?)|(?P<name>[A-Za-z_]\w*)|(?P<op>\*\*|//|[-+*/%^(),×÷−]))"
+    r"\s*(?:(?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,4})?)|(?P<name>[A-Za-z_]\w*)|(?P<op>\*\*|//|[-+*/%^(),×÷−]))",
+    re.ASCII,
 )
 _OP_ALIASES = {"×": "*", "÷": "/", "−": "-", "^": "**"}
 # Binding powers (left, right) of the infix operators: ** is right-associative.
