@@ -1,0 +1,73 @@
+"""Configuration values of the policy and its samplers (attrs, frozen, validated)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+from attrs import validators as v
+
+__all__ = ["DType", "LoraSettings", "Quantization", "SamplingParams"]
+
+DType = Literal["float32", "bfloat16", "float16"]
+Quantization = Literal["nf4", "fp4"]
+
+
+def _unit_interval(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{attribute.name} must be in (0, 1], got {value}")
+
+
+@attrs.frozen(kw_only=True)
+class LoraSettings:
+    """LoRA adapter settings (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models").
+
+    Attributes:
+        r: rank of the update.
+        alpha: scaling numerator (the update is scaled by ``alpha / r``).
+        dropout: dropout on the adapter input.
+        target_modules: module names to adapt; ``None`` picks them by architecture (attention and MLP
+            projections for Qwen/Llama/Mistral-like models).
+    """
+
+    r: int = attrs.field(default=16, validator=v.gt(0))
+    alpha: float = attrs.field(default=32.0, validator=v.gt(0.0))
+    dropout: float = attrs.field(default=0.0, validator=[v.ge(0.0), v.lt(1.0)])
+    target_modules: tuple[str, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(tuple)
+    )
+
+
+@attrs.frozen(kw_only=True)
+class SamplingParams:
+    """How the samplers draw tokens.
+
+    Attributes:
+        temperature: softmax temperature; 0 means greedy. Reported logprobs are those of the
+            temperature-scaled distribution before top-p/top-k truncation and without the repetition
+            penalty (so the trainer, recomputing at the same temperature, starts with ratios of 1); for
+            greedy decoding they are the untempered (T = 1) logprobs.
+        top_p: nucleus truncation (1.0 = off).
+        top_k: keep the k most likely tokens (0 = off).
+        repetition_penalty: CTRL-style penalty on already present tokens (1.0 = off).
+        stop: stop strings; generation of a row stops once its decoded text contains one (the tokens that
+            completed it are kept). The end-of-turn token always stops.
+        seed: seed of the sampler's random generator (``None``: nondeterministic).
+    """
+
+    temperature: float = attrs.field(default=1.0, validator=v.ge(0.0))
+    top_p: float = attrs.field(default=1.0, validator=_unit_interval)
+    top_k: int = attrs.field(default=0, validator=v.ge(0))
+    repetition_penalty: float = attrs.field(default=1.0, validator=v.gt(0.0))
+    stop: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        """Whether decoding is greedy (temperature 0)."""
+        return self.temperature == 0.0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature at which sampling logprobs are reported (1 for greedy)."""
+        return 1.0 if self.greedy else self.temperature

@@ -1,0 +1,339 @@
+"""A continuous-batching KV-cache decode loop with exact per-token sampling logprobs.
+
+`DecodeEngine` owns the rows being generated: left-padded token rows sharing one ``DynamicCache``. Each call
+of `DecodeEngine.run_until_finished` (run in a worker thread) advances every row one token per step, admits
+waiting requests between steps (their prompts are prefilled as one batch and their cache rows left-padded
+into the running cache), drops finished or cancelled rows, and returns as soon as at least one request has
+finished, so the async side can hand results out while generation of the others continues.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from mcprl_policy.config import SamplingParams
+
+__all__ = ["DecodeEngine", "DecodeRequest", "DecodeStats"]
+
+from mcprl_policy.completion import FinishReason
+
+
+@attrs.define(eq=False, kw_only=True)
+class DecodeRequest:
+    """One generation request and, once finished, its result."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    token_ids: list[int] = attrs.field(factory=list)
+    logprobs: list[float] = attrs.field(factory=list)
+    finish_reason: FinishReason | None = None
+    cancelled: bool = False
+    error: BaseException | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the request has a result (or an error)."""
+        return self.finish_reason is not None or self.error is not None
+
+
+@attrs.define(kw_only=True)
+class DecodeStats:
+    """Counters of the engine's forward passes."""
+
+    prefill_calls: int = 0
+    decode_calls: int = 0
+    prefill_rows: int = 0
+    decode_rows: int = 0
+    prefill_tokens: int = 0
+    max_rows: int = 0
+
+
+class DecodeEngine:
+    """Continuous-batching decode state for one causal LM (not thread-safe: one driver at a time).
+
+    Args:
+        model: a causal LM (plain or peft) returning ``logits`` and ``past_key_values``.
+        params: sampling parameters.
+        stop_token_ids: ids that end a row (the end-of-turn id; kept in the row's tokens).
+        pad_token_id: id used for left padding (masked out).
+        max_batch_size: most rows generated together.
+        decode: token ids → text (for stop strings).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        params: SamplingParams,
+        stop_token_ids: frozenset[int],
+        pad_token_id: int,
+        max_batch_size: int,
+        decode: Callable[[list[int]], str],
+    ) -> None:
+        self.model = model
+        self.params = params
+        self.stop_token_ids = stop_token_ids
+        self.pad_token_id = pad_token_id
+        self.max_batch_size = max_batch_size
+        self.decode = decode
+        self.pending: deque[DecodeRequest] = deque()
+        self.stats = DecodeStats()
+        self._generator = torch.Generator()
+        if params.seed is not None:
+            self._generator.manual_seed(params.seed)
+        else:
+            self._generator.seed()
+        self._stop_window = max((len(s) for s in params.stop), default=0) + 8
+        self._reset()
+
+    def _reset(self) -> None:
+        self._rows: list[DecodeRequest] = []
+        self._cache: Any = None
+        self._mask = torch.zeros(0, 0, dtype=torch.long)
+        self._positions = torch.zeros(0, dtype=torch.long)
+        self._last = torch.zeros(0, dtype=torch.long)
+        self._seen: torch.Tensor | None = None
+
+    @property
+    def active(self) -> list[DecodeRequest]:
+        """Requests currently being generated."""
+        return list(self._rows)
+
+    @property
+    def idle(self) -> bool:
+        """Whether there is neither a running row nor a waiting request."""
+        return not self._rows and not self.pending
+
+    def fail_all(self, error: BaseException) -> list[DecodeRequest]:
+        """Mark every running and waiting request failed with ``error``, reset the state, return them."""
+        failed = [*self._rows, *self.pending]
+        for request in failed:
+            request.error = error
+        self.pending.clear()
+        self._reset()
+        return failed
+
+    def run_until_finished(self) -> list[DecodeRequest]:
+        """Generate until at least one request finishes (returned) or nothing is left to do (``[]``)."""
+        device = next(self.model.parameters()).device
+        with torch.inference_mode(), _eval_mode(self.model):
+            while True:
+                self._drop(lambda r: r.cancelled)
+                new = self._take_pending()
+                if not self._rows and not new:
+                    return []
+                finished = self._decode_step(device) if self._rows else []
+                if new:
+                    finished += self._admit(new, device)
+                if finished:
+                    return finished
+
+    def _take_pending(self) -> list[DecodeRequest]:
+        new: list[DecodeRequest] = []
+        while self.pending and len(self._rows) + len(new) < self.max_batch_size:
+            request = self.pending.popleft()
+            if not request.cancelled:
+                new.append(request)
+        return new
+
+    def _forward(self, **kwargs: Any) -> Any:
+        return self.model(use_cache=True, logits_to_keep=1, **kwargs)
+
+    def _admit(self, new: list[DecodeRequest], device: torch.device) -> list[DecodeRequest]:
+        """Prefill ``new`` prompts (left-padded), sample their first token, merge the survivors."""
+        width = max(len(r.prompt_ids) for r in new)
+        ids = torch.full((len(new), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros(len(new), width, dtype=torch.long)
+        for i, request in enumerate(new):
+            n = len(request.prompt_ids)
+            ids[i, width - n :] = torch.tensor(request.prompt_ids, dtype=torch.long)
+            mask[i, width - n :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self._forward(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
+            past_key_values=DynamicCache(config=getattr(self.model, "config", None)),
+        )
+        self.stats.prefill_calls += 1
+        self.stats.prefill_rows += len(new)
+        self.stats.prefill_tokens += int(mask.sum())
+        seen = None
+        if self.params.repetition_penalty != 1.0:
+            seen = torch.zeros(len(new), out.logits.shape[-1], dtype=torch.bool, device=device)
+            seen.scatter_(1, ids.to(device), True)
+        tokens = self._choose(out.logits[:, -1], new, seen)
+        joined = _State(
+            rows=new,
+            cache=out.past_key_values,
+            mask=mask.to(device),
+            positions=mask.sum(-1).to(device),
+            last=tokens,
+            seen=seen,
+        )
+        self._merge(joined)
+        return self._finish_rows()
+
+    def _decode_step(self, device: torch.device) -> list[DecodeRequest]:
+        ones = torch.ones(len(self._rows), 1, dtype=torch.long, device=device)
+        self._mask = torch.cat([self._mask, ones], dim=1)
+        out = self._forward(
+            input_ids=self._last[:, None],
+            attention_mask=self._mask,
+            position_ids=self._positions[:, None],
+            past_key_values=self._cache,
+        )
+        self.stats.decode_calls += 1
+        self.stats.decode_rows += len(self._rows)
+        self._positions = self._positions + 1
+        self._cache = out.past_key_values
+        self._last = self._choose(out.logits[:, -1], self._rows, self._seen)
+        return self._finish_rows()
+
+    def _choose(
+        self, logits: torch.Tensor, rows: list[DecodeRequest], seen: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Pick one token per row; record it and its logprob (tempered, untruncated, unpenalised)."""
+        p = self.params
+        logits = logits.float()
+        logp = F.log_softmax(logits / p.logprob_temperature, dim=-1)
+        scores = logits
+        if seen is not None:
+            penalised = torch.where(scores > 0, scores / p.repetition_penalty, scores * p.repetition_penalty)
+            scores = torch.where(seen, penalised, scores)
+        if p.greedy:
+            tokens = scores.argmax(-1)
+        else:
+            tokens = _sample(scores / p.temperature, top_k=p.top_k, top_p=p.top_p, generator=self._generator)
+        chosen = logp.gather(-1, tokens[:, None]).squeeze(-1).tolist()
+        for request, token, lp in zip(rows, tokens.tolist(), chosen, strict=True):
+            request.token_ids.append(token)
+            request.logprobs.append(lp)
+        if seen is not None:
+            seen.scatter_(1, tokens[:, None], True)
+        return tokens
+
+    def _finish_rows(self) -> list[DecodeRequest]:
+        for request in self._rows:
+            last = request.token_ids[-1]
+            if last in self.stop_token_ids or self._hit_stop_string(request):
+                request.finish_reason = "stop"
+            elif len(request.token_ids) >= request.max_new_tokens:
+                request.finish_reason = "length"
+        finished = [r for r in self._rows if r.finish_reason is not None]
+        if finished:
+            self._drop(lambda r: r.finish_reason is not None)
+        return finished
+
+    def _hit_stop_string(self, request: DecodeRequest) -> bool:
+        if not self.params.stop:
+            return False
+        tail = self.decode(request.token_ids[-self._stop_window :])
+        return any(s in tail for s in self.params.stop)
+
+    def _drop(self, predicate: Callable[[DecodeRequest], bool]) -> None:
+        keep = [i for i, r in enumerate(self._rows) if not predicate(r)]
+        if len(keep) == len(self._rows):
+            return
+        if not keep:
+            self._reset()
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self._mask.device)
+        self._rows = [self._rows[i] for i in keep]
+        self._mask = self._mask[index]
+        self._positions = self._positions[index]
+        self._last = self._last[index]
+        if self._seen is not None:
+            self._seen = self._seen[index]
+        # Columns that are padding in every remaining row are dead weight: trim them.
+        first = int(self._mask.any(0).nonzero()[0])
+        self._mask = self._mask[:, first:]
+        for layer in _layers(self._cache):
+            layer.keys = layer.keys[index, :, first:]
+            layer.values = layer.values[index, :, first:]
+
+    def _merge(self, other: _State) -> None:
+        if not self._rows:
+            self._rows, self._cache, self._mask = other.rows, other.cache, other.mask
+            self._positions, self._last, self._seen = other.positions, other.last, other.seen
+        else:
+            width = max(self._mask.shape[1], other.mask.shape[1])
+            self._mask = torch.cat([_pad_left(self._mask, width), _pad_left(other.mask, width)])
+            for mine, theirs in zip(_layers(self._cache), _layers(other.cache), strict=True):
+                mine.keys = torch.cat(
+                    [_pad_left(mine.keys, width, dim=2), _pad_left(theirs.keys, width, dim=2)]
+                )
+                mine.values = torch.cat(
+                    [_pad_left(mine.values, width, dim=2), _pad_left(theirs.values, width, dim=2)]
+                )
+            self._rows = [*self._rows, *other.rows]
+            self._positions = torch.cat([self._positions, other.positions])
+            self._last = torch.cat([self._last, other.last])
+            if self._seen is not None and other.seen is not None:
+                self._seen = torch.cat([self._seen, other.seen])
+        self.stats.max_rows = max(self.stats.max_rows, len(self._rows))
+
+
+@attrs.define(kw_only=True)
+class _State:
+    rows: list[DecodeRequest]
+    cache: Any
+    mask: torch.Tensor
+    positions: torch.Tensor
+    last: torch.Tensor
+    seen: torch.Tensor | None
+
+
+def _layers(cache: Any) -> list[Any]:
+    layers: list[Any] = list(getattr(cache, "layers", []))
+    for layer in layers:
+        if type(layer) is not DynamicLayer:
+            raise TypeError(
+                f"continuous batching supports full-attention DynamicLayer caches, got {type(layer)}"
+            )
+    return layers
+
+
+def _pad_left(tensor: torch.Tensor, width: int, *, dim: int = 1) -> torch.Tensor:
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _sample(scores: torch.Tensor, *, top_k: int, top_p: float, generator: torch.Generator) -> torch.Tensor:
+    """Draw one id per row from ``softmax(scores)`` after top-k and top-p (Holtzman et al. 2020) truncation."""
+    if top_k > 0 and top_k < scores.shape[-1]:
+        kth = scores.topk(top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = scores.sort(dim=-1, descending=True)
+        cumulative = sorted_scores.softmax(-1).cumsum(-1)
+        # Drop a token when the mass before it already reaches top_p (the most likely token always stays).
+        drop_sorted = (cumulative - sorted_scores.softmax(-1)) >= top_p
+        drop = drop_sorted.scatter(1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    probs = scores.softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)

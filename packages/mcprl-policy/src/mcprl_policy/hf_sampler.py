@@ -1,0 +1,195 @@
+"""The transformers sampler: concurrent requests from many episodes share batched KV-cache decoding.
+
+Requests queue up; whichever caller finds no generation running becomes the *driver*: it waits a bounded
+time for more requests (``max_wait_ms``, or until ``max_batch_size`` are waiting), then runs the
+`DecodeEngine` in a worker thread. The engine returns each time a request finishes; the driver hands the
+results out and keeps going until its own request is done, then passes the role to a caller whose request is
+still running or waiting. New requests join the running batch between decode steps (continuous batching).
+No background task or thread outlives the callers: the engine only runs while some caller awaits it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import attrs
+import structlog
+
+from mcprl_policy.completion import Completion
+from mcprl_policy.config import SamplingParams
+from mcprl_policy.decode import DecodeEngine, DecodeRequest
+from mcprl_policy.errors import SamplerError
+from mcprl_policy.policy import Policy
+
+__all__ = ["HFSampler"]
+
+_log = structlog.get_logger()
+
+
+@attrs.define(eq=False, kw_only=True)
+class _Waiter:
+    request: DecodeRequest
+    wake: anyio.Event = attrs.field(factory=anyio.Event)
+
+
+class HFSampler:
+    """Generates with the policy's live weights (no sync needed after an update).
+
+    Args:
+        policy: the policy whose ``model`` and ``tokenizer`` generate.
+        params: sampling parameters (temperature, top-p/k, repetition penalty, stop strings, seed).
+        max_batch_size: most rows decoded together.
+        max_wait_ms: how long an idle sampler waits for more requests before it starts a batch.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        params: SamplingParams | None = None,
+        *,
+        max_batch_size: int = 64,
+        max_wait_ms: float = 5.0,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        self.policy = policy
+        self.params = params if params is not None else SamplingParams()
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        tokenizer = policy.tokenizer
+        self._tokenizer = tokenizer
+        self._vocab_size = len(tokenizer)
+        self.engine = DecodeEngine(
+            policy.model,
+            params=self.params,
+            stop_token_ids=_stop_token_ids(tokenizer, policy.model),
+            pad_token_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0),
+            max_batch_size=max_batch_size,
+            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        )
+        self._waiters: dict[int, _Waiter] = {}
+        self._driving = False
+        self._batch_full = anyio.Event()
+
+    def sync_weights(self) -> None:
+        """Nothing to do: generation reads the policy's live weights. Part of the samplers' common API."""
+
+    def metrics(self) -> dict[str, float]:
+        """Counters of the decode engine (forward passes, rows per pass, prefill tokens)."""
+        s = self.engine.stats
+        return {
+            "sampler/prefill_calls": float(s.prefill_calls),
+            "sampler/decode_calls": float(s.decode_calls),
+            "sampler/prefill_tokens": float(s.prefill_tokens),
+            "sampler/decode_rows_mean": s.decode_rows / s.decode_calls if s.decode_calls else 0.0,
+            "sampler/prefill_rows_mean": s.prefill_rows / s.prefill_calls if s.prefill_calls else 0.0,
+            "sampler/max_rows": float(s.max_rows),
+        }
+
+    async def sample(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> Completion:
+        """Generate one continuation of ``prompt_ids`` (batched with concurrent calls).
+
+        Raises:
+            SamplerError: empty prompt, ``max_new_tokens < 1``, an id outside the vocabulary, or a failure
+                of the model while this request was in flight.
+        """
+        prompt = [int(t) for t in prompt_ids]
+        self._validate(prompt, max_new_tokens)
+        waiter = _Waiter(request=DecodeRequest(prompt_ids=prompt, max_new_tokens=max_new_tokens))
+        self._waiters[id(waiter.request)] = waiter
+        self.engine.pending.append(waiter.request)
+        if len(self.engine.pending) >= self.max_batch_size:
+            self._batch_full.set()
+        try:
+            while not waiter.request.finished:
+                if not self._driving:
+                    await self._drive(waiter.request)
+                else:
+                    await waiter.wake.wait()
+                    waiter.wake = anyio.Event()
+        except BaseException:
+            waiter.request.cancelled = True
+            raise
+        finally:
+            del self._waiters[id(waiter.request)]
+        return self._completion(waiter.request)
+
+    async def _drive(self, own: DecodeRequest) -> None:
+        self._driving = True
+        try:
+            if (
+                self.max_wait_s > 0
+                and not self.engine.active
+                and len(self.engine.pending) < self.max_batch_size
+            ):
+                with anyio.move_on_after(self.max_wait_s):
+                    await self._batch_full.wait()
+            self._batch_full = anyio.Event()
+            while not own.finished:
+                try:
+                    finished = await anyio.to_thread.run_sync(self.engine.run_until_finished)
+                except Exception as exc:
+                    _log.error("sampler_generation_failed", error=repr(exc))
+                    finished = self.engine.fail_all(SamplerError(f"generation failed: {exc!r}"))
+                for request in finished:
+                    self._wake(request)
+                if not finished and not own.finished:
+                    raise SamplerError("the decode engine went idle before this request finished")
+        finally:
+            self._driving = False
+            self._hand_off()
+
+    def _wake(self, request: DecodeRequest) -> None:
+        waiter = self._waiters.get(id(request))
+        if waiter is not None:
+            waiter.wake.set()
+
+    def _hand_off(self) -> None:
+        """Wake one caller whose request still needs generating, so it takes over driving."""
+        for request in (*self.engine.active, *self.engine.pending):
+            if not request.cancelled and id(request) in self._waiters:
+                self._wake(request)
+                return
+
+    def _validate(self, prompt: list[int], max_new_tokens: int) -> None:
+        if not prompt:
+            raise SamplerError("empty prompt")
+        if max_new_tokens < 1:
+            raise SamplerError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        bad = [t for t in prompt if not 0 <= t < self._vocab_size]
+        if bad:
+            raise SamplerError(f"prompt ids outside the vocabulary (size {self._vocab_size}): {bad[:5]}")
+
+    def _completion(self, request: DecodeRequest) -> Completion:
+        if request.error is not None:
+            raise SamplerError(str(request.error)) from request.error
+        assert request.finish_reason is not None
+        return Completion(
+            token_ids=list(request.token_ids),
+            logprobs=list(request.logprobs),
+            text=self._tokenizer.decode(request.token_ids, skip_special_tokens=True),
+            finish_reason=request.finish_reason,
+        )
+
+
+def _stop_token_ids(tokenizer: Any, model: Any) -> frozenset[int]:
+    """The end-of-turn ids: the tokenizer's eos, ``<|im_end|>`` when present, the generation config's eos."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    generation_config = getattr(model, "generation_config", None)
+    eos = getattr(generation_config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, list | tuple):
+        ids.update(int(e) for e in eos)
+    if not ids:
+        raise SamplerError("the tokenizer has no end-of-turn token (eos_token_id is None and no <|im_end|>)")
+    return frozenset(ids)

@@ -1,0 +1,171 @@
+"""Training forward over packed (unpadded) sequences: per-token logprobs, entropies and values.
+
+All sequences go into one row; ``position_ids`` restart at 0 for each sequence and no 2-D attention mask is
+passed, which makes transformers build a block-diagonal causal mask (``find_packed_sequence_indices``) for
+the sdpa and eager kernels and use varlen kernels for flash-attention. Logits are produced chunk by chunk
+over the tokens (each chunk recomputed in backward), so a 150k vocabulary never materialises
+``N × V`` logits at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["PackedBatch", "PackedForward", "pack_sequences", "packed_forward", "token_logprobs_and_entropy"]
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class PackedBatch:
+    """Sequences concatenated into one row.
+
+    Attributes:
+        input_ids: ``(1, N)`` token ids.
+        position_ids: ``(1, N)`` positions restarting at 0 for every sequence.
+        seq_lens: length of each sequence (sum = N).
+        cu_seqlens: ``(S + 1,)`` int32 cumulative lengths, starting at 0.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    seq_lens: tuple[int, ...]
+    cu_seqlens: torch.Tensor
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class PackedForward:
+    """Per-token results of `packed_forward`, aligned with the packed tokens (shape ``(N,)`` each).
+
+    ``logprobs[i]`` is the log-probability of token ``i`` given the tokens before it in its sequence,
+    ``entropies[i]`` the entropy of that predictive distribution, and ``values[i]`` the value head's output
+    on the same prefix (the state in which token ``i`` is chosen). The first token of every sequence has no
+    prefix: its entries are 0 and ``valid`` is False there.
+    """
+
+    logprobs: torch.Tensor
+    entropies: torch.Tensor
+    values: torch.Tensor | None
+    valid: torch.Tensor
+    seq_lens: tuple[int, ...]
+
+    def split(self, name: Literal["logprobs", "entropies", "values", "valid"]) -> list[torch.Tensor]:
+        """One tensor per sequence for field ``name``."""
+        tensor = getattr(self, name)
+        if tensor is None:
+            raise ValueError(f"{name} were not computed (value_head=None)")
+        return list(torch.split(tensor, list(self.seq_lens)))
+
+
+def pack_sequences(sequences: Sequence[Sequence[int]], *, device: torch.device | str = "cpu") -> PackedBatch:
+    """Concatenate ``sequences`` into one row with restarting positions."""
+    if not sequences or any(len(s) == 0 for s in sequences):
+        raise ValueError("pack_sequences needs at least one sequence and no empty sequence")
+    lens = tuple(len(s) for s in sequences)
+    ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=device)
+    positions = torch.cat([torch.arange(n, device=device) for n in lens])
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32, device=device)
+    cu[1:] = torch.cumsum(torch.tensor(lens, device=device), 0)
+    return PackedBatch(input_ids=ids[None], position_ids=positions[None], seq_lens=lens, cu_seqlens=cu)
+
+
+def token_logprobs_and_entropy(
+    hidden: torch.Tensor,
+    lm_head: nn.Module,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob of ``targets`` and entropy under ``softmax(lm_head(hidden) / temperature)``.
+
+    Args:
+        hidden: ``(M, H)`` hidden states, row ``j`` predicting ``targets[j]``.
+        lm_head: the output projection.
+        targets: ``(M,)`` token ids.
+        temperature: divides the logits (> 0).
+        chunk_size: rows per chunk; under autograd each chunk is recomputed in backward (checkpointing).
+
+    Returns:
+        ``(M,)`` float32 logprobs and ``(M,)`` float32 entropies.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+    def chunk_stats(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = lm_head(h).float() / temperature
+        logp = F.log_softmax(logits, dim=-1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        return logp.gather(-1, t[:, None]).squeeze(-1), entropy
+
+    logprobs, entropies = [], []
+    for start in range(0, hidden.shape[0], chunk_size):
+        h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
+        if torch.is_grad_enabled() and h.requires_grad:
+            lp, ent = checkpoint(chunk_stats, h, t, use_reentrant=False)  # pyright: ignore[reportGeneralTypeIssues]
+        else:
+            lp, ent = chunk_stats(h, t)
+        logprobs.append(lp)
+        entropies.append(ent)
+    return torch.cat(logprobs), torch.cat(entropies)
+
+
+def packed_forward(
+    model: nn.Module,
+    sequences: Sequence[Sequence[int]],
+    *,
+    temperature: float = 1.0,
+    value_head: nn.Module | None = None,
+    chunk_size: int = 1024,
+) -> PackedForward:
+    """Run a causal LM (plain or peft-wrapped) once over packed ``sequences``; see `PackedForward`."""
+    device = next(model.parameters()).device
+    batch = pack_sequences(sequences, device=device)
+    backbone, lm_head = _backbone_and_head(model)
+    hidden = backbone(
+        input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False
+    ).last_hidden_state[0]
+    n = hidden.shape[0]
+    starts = batch.cu_seqlens[:-1].long()
+    valid = torch.ones(n, dtype=torch.bool, device=device)
+    valid[starts] = False
+    # Row i-1 predicts token i: the source rows are every row whose successor is in the same sequence.
+    target_idx = valid.nonzero().squeeze(-1)
+    source_idx = target_idx - 1
+    lp, ent = token_logprobs_and_entropy(
+        hidden[source_idx],
+        lm_head,
+        batch.input_ids[0, target_idx],
+        temperature=temperature,
+        chunk_size=chunk_size,
+    )
+    logprobs = hidden.new_zeros(n, dtype=torch.float32).index_put((target_idx,), lp)
+    entropies = hidden.new_zeros(n, dtype=torch.float32).index_put((target_idx,), ent)
+    values = None
+    if value_head is not None:
+        v = value_head(hidden[source_idx])
+        values = hidden.new_zeros(n, dtype=torch.float32).index_put((target_idx,), v.float())
+    return PackedForward(
+        logprobs=logprobs, entropies=entropies, values=values, valid=valid, seq_lens=batch.seq_lens
+    )
+
+
+def _backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """The decoder stack and output projection of a causal LM, looking through peft wrappers."""
+    base: Any = model
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base):
+        base = get_base()
+    prefix = getattr(base, "base_model_prefix", "model")
+    backbone = getattr(base, prefix, None)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if not isinstance(backbone, nn.Module) or not isinstance(head, nn.Module):
+        raise TypeError(
+            f"{type(base).__name__} is not a causal LM with a '{prefix}' backbone and an output head"
+        )
+    return backbone, head

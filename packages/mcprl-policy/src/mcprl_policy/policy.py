@@ -1,0 +1,255 @@
+"""The policy: a causal LM (optionally LoRA / 4-bit) with a value head, its tokenizer, save and load."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import structlog
+import torch
+from torch import nn
+
+from mcprl_policy.config import DType, LoraSettings, Quantization
+from mcprl_policy.errors import ModelLoadError, PolicyError
+from mcprl_policy.loading import load_model, load_tokenizer, resolve_model_path
+from mcprl_policy.lora import apply_lora
+from mcprl_policy.packed import PackedForward, packed_forward
+from mcprl_policy.value_head import VALUE_HEAD_FILE, ValueHead
+
+__all__ = ["POLICY_META_FILE", "Policy"]
+
+_log = structlog.get_logger()
+
+POLICY_META_FILE: Final = "mcprl_policy.json"
+
+
+class Policy:
+    """A causal language model with an optional value head, as trained by mcprl.
+
+    Build with `Policy.from_pretrained`. Attributes: ``model`` (a transformers model, or a peft model when
+    LoRA is on), ``tokenizer``, ``value_head`` (`ValueHead` or ``None``), ``lora`` (`LoraSettings` or
+    ``None``), ``quantization``, ``base_model`` (the directory or hub id the base weights came from).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        tokenizer: Any,
+        value_head: ValueHead | None,
+        base_model: str,
+        lora: LoraSettings | None = None,
+        quantization: Quantization | None = None,
+        logits_chunk_size: int = 1024,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.value_head = value_head
+        self.base_model = base_model
+        self.lora = lora
+        self.quantization = quantization
+        self.logits_chunk_size = logits_chunk_size
+        if value_head is not None:
+            value_head.to(self.device)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path = "tiny",
+        *,
+        value_head: bool = True,
+        lora: LoraSettings | None = None,
+        quantization: Quantization | None = None,
+        dtype: DType = "float32",
+        device: str = "cpu",
+        extra_corpus: Sequence[str] = (),
+        gradient_checkpointing: bool = False,
+        revision: str | None = None,
+    ) -> Policy:
+        """Load a policy.
+
+        Args:
+            name_or_path: an embedded preset (``"tiny"``, ``"tiny-4m"``), a directory (a plain model, or a
+                directory written by `save_pretrained`, adapter or full) or a hub id.
+            value_head: attach a value head (loaded from the directory when saved there).
+            lora: wrap in LoRA adapters; ignored for a saved adapter directory (its own settings are used).
+            quantization: load linear weights in 4 bits (needs LoRA and the ``qlora`` extra).
+            dtype: weights' dtype.
+            device: torch device string.
+            extra_corpus: more tokenizer training text for the embedded presets.
+            gradient_checkpointing: recompute activations in backward.
+            revision: hub revision.
+        """
+        if quantization is not None and lora is None and not _is_saved_adapter(name_or_path):
+            raise PolicyError("4-bit base weights cannot be fully fine-tuned: pass lora=LoraSettings(...)")
+        meta = _read_meta(name_or_path)
+        if meta is not None and meta.get("lora") is not None:
+            policy = cls._load_saved_adapter(
+                Path(name_or_path), meta, value_head=value_head, dtype=dtype, device=device, revision=revision
+            )
+        else:
+            path = resolve_model_path(name_or_path, extra_corpus=extra_corpus)
+            model = load_model(path, dtype=dtype, device=device, quantization=quantization, revision=revision)
+            if lora is not None:
+                model = apply_lora(model, lora)
+            head = _load_or_new_value_head(Path(path), model) if value_head else None
+            policy = cls(
+                model=model,
+                tokenizer=load_tokenizer(path, revision=revision),
+                value_head=head,
+                base_model=path,
+                lora=lora,
+                quantization=quantization,
+            )
+        policy.set_gradient_checkpointing(gradient_checkpointing)
+        _log.info(
+            "policy_loaded",
+            model=str(name_or_path),
+            lora=policy.lora is not None,
+            quantization=policy.quantization,
+            trainable_params=sum(p.numel() for p in policy.trainable_parameters()),
+        )
+        return policy
+
+    @classmethod
+    def _load_saved_adapter(
+        cls,
+        path: Path,
+        meta: dict[str, Any],
+        *,
+        value_head: bool,
+        dtype: DType,
+        device: str,
+        revision: str | None,
+    ) -> Policy:
+        from peft import PeftModel
+
+        settings = LoraSettings(**meta["lora"])
+        quantization = meta.get("quantization")
+        base = load_model(
+            resolve_model_path(meta["base_model"]), dtype=dtype, device=device, quantization=quantization
+        )
+        model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
+        head = _load_or_new_value_head(path, model) if value_head else None
+        return cls(
+            model=model,
+            tokenizer=load_tokenizer(str(path), revision=revision),
+            value_head=head,
+            base_model=meta["base_model"],
+            lora=settings,
+            quantization=quantization,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the model's first parameter."""
+        return next(self.model.parameters()).device
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the backbone's hidden state."""
+        return _hidden_size(self.model)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """Parameters that receive gradients: adapters (LoRA) or all weights (full), plus the value head."""
+        return [p for _, p in self.named_trainable_parameters()]
+
+    def named_trainable_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """`trainable_parameters` with names (value head entries are prefixed ``value_head.``)."""
+        for name, p in self.model.named_parameters():
+            if p.requires_grad:
+                yield name, p
+        if self.value_head is not None:
+            for name, p in self.value_head.named_parameters():
+                if p.requires_grad:
+                    yield f"value_head.{name}", p
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Switch activation recomputation in backward on or off."""
+        model: Any = self.model
+        if enabled:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif getattr(model, "is_gradient_checkpointing", False):
+            model.gradient_checkpointing_disable()
+
+    def train(self, mode: bool = True) -> Policy:
+        """Put model and value head in training (or eval) mode."""
+        self.model.train(mode)
+        if self.value_head is not None:
+            self.value_head.train(mode)
+        return self
+
+    def eval(self) -> Policy:
+        """Put model and value head in eval mode."""
+        return self.train(False)
+
+    def forward_packed(
+        self, sequences: Sequence[Sequence[int]], temperature: float = 1.0, *, values: bool = True
+    ) -> PackedForward:
+        """Per-token logprobs, entropies and values of packed unpadded ``sequences`` (see `PackedForward`).
+
+        Uses the live weights; runs under autograd unless called inside ``torch.no_grad()``. ``temperature``
+        must equal the sampler's so that ratios against its logprobs start at 1.
+        """
+        return packed_forward(
+            self.model,
+            sequences,
+            temperature=temperature,
+            value_head=self.value_head if values else None,
+            chunk_size=self.logits_chunk_size,
+        )
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write the policy: adapter (LoRA) or full weights, tokenizer, value head and ``mcprl_policy.json``."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        model: Any = self.model
+        model.save_pretrained(str(out), safe_serialization=True)
+        self.tokenizer.save_pretrained(str(out))
+        if self.value_head is not None:
+            self.value_head.save(out)
+        meta = {
+            "format": 1,
+            "base_model": self.base_model,
+            "lora": attrs.asdict(self.lora) if self.lora is not None else None,
+            "quantization": self.quantization,
+            "value_head": self.value_head is not None,
+        }
+        (out / POLICY_META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        return out
+
+
+def _read_meta(name_or_path: str | Path) -> dict[str, Any] | None:
+    path = Path(name_or_path) / POLICY_META_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def _is_saved_adapter(name_or_path: str | Path) -> bool:
+    meta = _read_meta(name_or_path)
+    return meta is not None and meta.get("lora") is not None
+
+
+def _hidden_size(model: nn.Module) -> int:
+    config = getattr(model, "config", None)
+    text_config = getattr(config, "get_text_config", None)
+    if callable(text_config):
+        config = text_config()
+    size = getattr(config, "hidden_size", None)
+    if not isinstance(size, int):
+        raise PolicyError(f"cannot find the hidden size of {type(model).__name__}")
+    return size
+
+
+def _load_or_new_value_head(directory: Path, model: nn.Module) -> ValueHead:
+    hidden = _hidden_size(model)
+    if (directory / VALUE_HEAD_FILE).is_file():
+        return ValueHead.load(directory, hidden_size=hidden)
+    return ValueHead(hidden)

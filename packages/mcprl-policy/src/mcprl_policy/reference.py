@@ -1,0 +1,86 @@
+"""The reference policy for the KL term: LoRA → the same model with adapters off; full FT → a frozen copy.
+
+For a full fine-tune the copy can follow the policy as an exponential moving average (``update(ema=β)``:
+``ref ← β·ref + (1-β)·policy``) or be re-synced periodically (``sync()``). Only floating-point tensors are
+averaged or copied; integer buffers (e.g. quantisation state) are left alone.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from mcprl_policy.errors import PolicyError
+from mcprl_policy.packed import PackedForward, packed_forward
+from mcprl_policy.policy import Policy
+
+__all__ = ["ReferencePolicy"]
+
+
+class ReferencePolicy:
+    """Reference log-probabilities for the KL penalty; build with `ReferencePolicy.for_policy`."""
+
+    def __init__(self, policy: Policy, frozen: nn.Module | None) -> None:
+        self.policy = policy
+        self.frozen = frozen
+
+    @classmethod
+    def for_policy(cls, policy: Policy) -> ReferencePolicy:
+        """Adapters-off view of a LoRA policy (no copy), or a frozen deep copy of a fully trained one."""
+        if policy.lora is not None:
+            if not hasattr(policy.model, "disable_adapter"):
+                raise PolicyError("a LoRA policy's model must be a peft model with disable_adapter()")
+            return cls(policy, None)
+        frozen = copy.deepcopy(policy.model)
+        frozen.eval()
+        for p in frozen.parameters():
+            p.requires_grad_(False)
+        return cls(policy, frozen)
+
+    @property
+    def shares_weights(self) -> bool:
+        """Whether the reference is the policy's own base weights (LoRA) rather than a copy."""
+        return self.frozen is None
+
+    @torch.no_grad()
+    def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> PackedForward:
+        """Per-token reference logprobs and entropies of packed ``sequences`` (no values, no autograd)."""
+        chunk = self.policy.logits_chunk_size
+        if self.frozen is not None:
+            return packed_forward(self.frozen, sequences, temperature=temperature, chunk_size=chunk)
+        model = self.policy.model
+        was_training = model.training
+        model.eval()
+        try:
+            with model.disable_adapter():  # pyright: ignore[reportCallIssue, reportAttributeAccessIssue]
+                return packed_forward(model, sequences, temperature=temperature, chunk_size=chunk)
+        finally:
+            model.train(was_training)
+
+    @torch.no_grad()
+    def update(self, *, ema: float) -> None:
+        """``ref ← ema·ref + (1-ema)·policy`` over floating-point tensors (full fine-tune only)."""
+        if not 0.0 <= ema <= 1.0:
+            raise ValueError(f"ema must be in [0, 1], got {ema}")
+        frozen = self._require_copy("update")
+        source = self.policy.model.state_dict()
+        done: set[int] = set()
+        for name, target in frozen.state_dict().items():
+            # Tied weights (embeddings / lm_head) appear under two names: blend the storage once.
+            if target.is_floating_point() and target.data_ptr() not in done:
+                done.add(target.data_ptr())
+                target.mul_(ema).add_(source[name].to(target.dtype), alpha=1.0 - ema)
+
+    def sync(self) -> None:
+        """Copy the policy's current floating-point weights into the reference (full fine-tune only)."""
+        self.update(ema=0.0)
+
+    def _require_copy(self, what: str) -> nn.Module:
+        if self.frozen is None:
+            raise PolicyError(
+                f"{what}() needs a full fine-tune reference; a LoRA reference is the base model"
+            )
+        return self.frozen

@@ -1,0 +1,27 @@
+"""The samplers' common API: mcprl-env's ``Sampler`` protocol plus weight sync and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from mcprl_policy.completion import Completion
+
+__all__ = ["PolicySampler"]
+
+
+@runtime_checkable
+class PolicySampler(Protocol):
+    """What the trainer needs from a sampler (`HFSampler`, `VLLMSampler`)."""
+
+    async def sample(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> Completion:
+        """Generate one continuation of ``prompt_ids``."""
+        ...
+
+    def sync_weights(self) -> None:
+        """Make generation use the policy's current weights (called after each optimizer update)."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """Sampler counters, namespaced ``sampler/...``."""
+        ...

@@ -1,0 +1,15 @@
+"""Shared fixtures: the embedded tiny model, built once per session into a private cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mcprl_policy import build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Directory of the embedded ``tiny`` model, built in a session-private cache."""
+    return build_tiny_model("tiny", cache_dir=tmp_path_factory.mktemp("models"))

@@ -1,0 +1,208 @@
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+import torch
+
+from mcprl_policy import Completion, HFSampler, Policy, PolicySampler, SamplerError, SamplingParams
+from mcprl_policy.decode import DecodeRequest
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_dir: Path) -> Policy:
+    return Policy.from_pretrained(str(tiny_dir))
+
+
+def _prompts(policy: Policy, n: int) -> list[list[int]]:
+    tok = policy.tokenizer
+    return [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"What is {i} times the price of ACME?" + " Please." * (i % 4)}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for i in range(n)
+    ]
+
+
+async def _sample_all(
+    sampler: HFSampler, prompts: Sequence[list[int]], max_new: Sequence[int]
+) -> list[Completion]:
+    results: list[Completion | None] = [None] * len(prompts)
+
+    async def one(i: int) -> None:
+        results[i] = await sampler.sample(prompts[i], max_new_tokens=max_new[i])
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            for i in range(len(prompts)):
+                tg.start_soon(one, i)
+    assert all(r is not None for r in results)
+    return [r for r in results if r is not None]
+
+
+def _signal_first_decode_step(sampler: HFSampler, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """An event set once the engine has run a decode step (i.e. some request is mid-generation)."""
+    event = threading.Event()
+    original = sampler.engine._decode_step
+
+    def step(device: torch.device) -> list[DecodeRequest]:
+        finished = original(device)
+        event.set()
+        return finished
+
+    monkeypatch.setattr(sampler.engine, "_decode_step", step)
+    return event
+
+
+def test_hf_sampler_satisfies_the_sampler_protocol(policy: Policy) -> None:
+    assert isinstance(HFSampler(policy), PolicySampler)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=1.0, seed=1), SamplingParams(temperature=0.7, top_p=0.9, top_k=50, seed=2)],
+)
+def test_sampler_logprobs_equal_forward_packed_logprobs(policy: Policy, params: SamplingParams) -> None:
+    prompts = _prompts(policy, 6)
+    sampler = HFSampler(policy, params)
+    completions = anyio.run(_sample_all, sampler, prompts, [12 + i for i in range(6)])
+    with torch.no_grad():
+        out = policy.forward_packed(
+            [p + c.token_ids for p, c in zip(prompts, completions, strict=True)],
+            temperature=params.temperature,
+        )
+    for prompt, completion, logprobs in zip(prompts, completions, out.split("logprobs"), strict=True):
+        assert len(completion.token_ids) == len(completion.logprobs) > 0
+        torch.testing.assert_close(
+            logprobs[len(prompt) :], torch.tensor(completion.logprobs), atol=1e-4, rtol=0.0
+        )
+        assert completion.text == policy.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+
+
+def test_concurrent_requests_share_forward_passes(policy: Policy) -> None:
+    prompts = _prompts(policy, 32)
+    sampler = HFSampler(policy, SamplingParams(temperature=1.0, seed=0), max_batch_size=64, max_wait_ms=50)
+    completions = anyio.run(_sample_all, sampler, prompts, [16] * 32)
+    stats = sampler.engine.stats
+    assert stats.prefill_rows == 32
+    assert stats.prefill_calls <= 4, stats
+    assert stats.max_rows >= 16
+    # one request at a time would need 32 prefills and 32 * 15 decode passes
+    assert stats.decode_calls < 4 * 16
+    assert all(c.finish_reason in ("stop", "length") for c in completions)
+
+
+def test_batched_greedy_equals_one_at_a_time_greedy(policy: Policy) -> None:
+    prompts = _prompts(policy, 8)
+    max_new = [5 + 3 * i for i in range(8)]  # rows finish at different steps and leave the batch
+    batched = anyio.run(_sample_all, HFSampler(policy, SamplingParams(temperature=0.0)), prompts, max_new)
+    single = HFSampler(policy, SamplingParams(temperature=0.0), max_batch_size=1)
+    for prompt, n, completion in zip(prompts, max_new, batched, strict=True):
+        alone = anyio.run(lambda p=prompt, n=n: single.sample(p, max_new_tokens=n))
+        assert alone.token_ids == completion.token_ids
+        torch.testing.assert_close(
+            torch.tensor(alone.logprobs), torch.tensor(completion.logprobs), atol=1e-4, rtol=0
+        )
+        assert completion.finish_reason == "length"
+        assert len(completion.token_ids) == n
+
+
+def test_requests_join_a_running_batch_between_decode_steps(
+    policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = _prompts(policy, 3)
+    sampler = HFSampler(policy, SamplingParams(temperature=0.0), max_wait_ms=0)
+    reference = HFSampler(policy, SamplingParams(temperature=0.0), max_batch_size=1)
+    decoding = _signal_first_decode_step(sampler, monkeypatch)
+
+    async def main() -> tuple[Completion, list[Completion]]:
+        long: list[Completion] = []
+        async with anyio.create_task_group() as tg:
+
+            async def first() -> None:
+                long.append(await sampler.sample(prompts[0], max_new_tokens=60))
+
+            tg.start_soon(first)
+            await anyio.to_thread.run_sync(decoding.wait)  # the long request is decoding in the worker thread
+            late = await _sample_all(sampler, prompts[1:], [4, 7])
+        return long[0], late
+
+    long, late = anyio.run(main)
+    assert sampler.engine.stats.max_rows == 3
+    assert sampler.engine.stats.prefill_calls >= 2
+    for prompt, completion in zip(prompts, [long, *late], strict=True):
+        alone = anyio.run(lambda p=prompt, c=completion: reference.sample(p, max_new_tokens=len(c.token_ids)))
+        assert alone.token_ids == completion.token_ids
+
+
+def test_stop_string_ends_the_turn_and_keeps_its_tokens(policy: Policy) -> None:
+    prompt = _prompts(policy, 1)[0]
+    greedy = anyio.run(
+        lambda: HFSampler(policy, SamplingParams(temperature=0.0)).sample(prompt, max_new_tokens=12)
+    )
+    pieces = [policy.tokenizer.decode([t], skip_special_tokens=True) for t in greedy.token_ids]
+    stop = next(p for p in pieces[2:] if p.strip())
+    sampler = HFSampler(policy, SamplingParams(temperature=0.0, stop=(stop,)))
+    completion = anyio.run(lambda: sampler.sample(prompt, max_new_tokens=12))
+    first = next(i for i in range(12) if stop in policy.tokenizer.decode(greedy.token_ids[: i + 1]))
+    assert completion.finish_reason == "stop"
+    assert completion.token_ids == greedy.token_ids[: first + 1]
+
+
+def test_end_of_turn_token_stops_and_is_included(policy: Policy) -> None:
+    prompt = _prompts(policy, 1)[0]
+    sampler = HFSampler(policy, SamplingParams(temperature=0.0))
+    greedy = anyio.run(lambda: sampler.sample(prompt, max_new_tokens=8))
+    # Make the third greedy token an end-of-turn id for this sampler's engine.
+    sampler.engine.stop_token_ids = frozenset({greedy.token_ids[2]})
+    completion = anyio.run(lambda: sampler.sample(prompt, max_new_tokens=8))
+    assert completion.finish_reason == "stop"
+    assert completion.token_ids == greedy.token_ids[:3]
+
+
+def test_a_cancelled_request_does_not_disturb_the_others(
+    policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = _prompts(policy, 4)
+    sampler = HFSampler(policy, SamplingParams(temperature=0.0), max_wait_ms=0)
+    decoding = _signal_first_decode_step(sampler, monkeypatch)
+    reference = HFSampler(policy, SamplingParams(temperature=0.0), max_batch_size=1)
+
+    async def main() -> list[Completion]:
+        done: list[Completion] = []
+        async with anyio.create_task_group() as tg:
+            with anyio.CancelScope() as doomed:
+
+                async def victim() -> None:
+                    with doomed:
+                        await sampler.sample(prompts[0], max_new_tokens=200)
+
+                tg.start_soon(victim)
+                await anyio.to_thread.run_sync(decoding.wait)
+                doomed.cancel()
+            done.extend(await _sample_all(sampler, prompts[1:], [6, 6, 6]))
+        return done
+
+    completions = anyio.run(main)
+    for prompt, completion in zip(prompts[1:], completions, strict=True):
+        alone = anyio.run(lambda p=prompt: reference.sample(p, max_new_tokens=6))
+        assert alone.token_ids == completion.token_ids
+    assert sampler.engine.idle
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_new", "message"),
+    [([], 4, "empty prompt"), ([1, 2], 0, "max_new_tokens"), ([1, 10**9], 4, "outside the vocabulary")],
+)
+def test_bad_requests_raise_sampler_errors(
+    policy: Policy, prompt: list[int], max_new: int, message: str
+) -> None:
+    sampler = HFSampler(policy)
+    with pytest.raises(SamplerError, match=message):
+        anyio.run(lambda: sampler.sample(prompt, max_new_tokens=max_new))

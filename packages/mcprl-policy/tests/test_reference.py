@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mcprl_policy import LoraSettings, Policy, PolicyError, ReferencePolicy
+
+SEQUENCES = [[1, 5, 9, 33, 7, 2, 8], [4, 4, 100, 250]]
+
+
+def _train_step(policy: Policy) -> None:
+    optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=0.5)
+    out = policy.forward_packed(SEQUENCES)
+    (-out.logprobs.sum()).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=4)])
+def test_reference_logprobs_equal_the_pre_update_policy(tiny_dir: Path, lora: LoraSettings | None) -> None:
+    policy = Policy.from_pretrained(str(tiny_dir), lora=lora)
+    with torch.no_grad():
+        before = policy.forward_packed(SEQUENCES).logprobs
+    reference = ReferencePolicy.for_policy(policy)
+    assert reference.shares_weights == (lora is not None)
+    _train_step(policy)
+    _train_step(policy)  # LoRA's B starts at zero: the second step moves the output
+    with torch.no_grad():
+        after = policy.forward_packed(SEQUENCES).logprobs
+    assert (after - before).abs().max() > 1e-3, "the update did not change the policy"
+    torch.testing.assert_close(reference.logprobs(SEQUENCES).logprobs, before)
+
+
+def test_ema_update_blends_reference_towards_policy(tiny_dir: Path) -> None:
+    policy = Policy.from_pretrained(str(tiny_dir))
+    reference = ReferencePolicy.for_policy(policy)
+    assert reference.frozen is not None
+    old = {k: v.clone() for k, v in reference.frozen.state_dict().items()}
+    _train_step(policy)
+    new = policy.model.state_dict()
+    reference.update(ema=0.9)
+    for name, tensor in reference.frozen.state_dict().items():
+        torch.testing.assert_close(tensor, 0.9 * old[name] + 0.1 * new[name])
+    reference.sync()
+    for name, tensor in reference.frozen.state_dict().items():
+        torch.testing.assert_close(tensor, new[name])
+    assert all(not p.requires_grad for p in reference.frozen.parameters())
+
+
+def test_lora_reference_cannot_be_ema_updated(tiny_dir: Path) -> None:
+    reference = ReferencePolicy.for_policy(Policy.from_pretrained(str(tiny_dir), lora=LoraSettings(r=2)))
+    with pytest.raises(PolicyError, match="full fine-tune"):
+        reference.sync()
