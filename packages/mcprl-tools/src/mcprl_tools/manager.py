@@ -270,10 +270,11 @@ class ToolManager:
     ) -> ToolResult:
         cfg = runner.cfg
         timeout = cfg.call_timeout
-        conn = None
-        # A (re)starting server gets its start timeout to come up before the call is given up.
-        with anyio.move_on_after(cfg.start_timeout + cfg.ping_timeout):
-            conn = await runner.wait_ready()
+        conn = runner.conn if runner.state == "ready" else None
+        if conn is None:
+            # A (re)starting server gets its start timeout to come up before the call is given up.
+            with anyio.move_on_after(cfg.start_timeout + cfg.ping_timeout):
+                conn = await runner.wait_ready()
         if conn is None:
             detail = runner.last_error or runner.start_error or runner.state
             text = f"Tool {name} unavailable: server {cfg.name!r} is {runner.state} ({detail})"
