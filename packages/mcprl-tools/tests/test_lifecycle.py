@@ -213,6 +213,15 @@ async def test_large_output_is_truncated_on_the_client_side(stdio_manager: tuple
     assert result.text.endswith(f"…[truncated {3_000_000 - 16384} bytes]")
 
 
+async def test_a_server_writing_megabytes_to_stderr_never_blocks(
+    stdio_manager: tuple[ToolManager, str],
+) -> None:
+    manager, _ = stdio_manager
+    with anyio.fail_after(10):
+        results = [await manager.call("shout", {"n": 1_000_000}) for _ in range(3)]
+    assert [r.text for r in results] == ["said"] * 3
+
+
 async def test_cancellation_churn_leaks_nothing(stdio_manager: tuple[ToolManager, str]) -> None:
     manager, mark = stdio_manager
     rng = random.Random(0)

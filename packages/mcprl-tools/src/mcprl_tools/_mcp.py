@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from types import TracebackType
-from typing import Any, Self, TextIO
+from typing import Any, Self
 
 import anyio
 import anyio.abc
@@ -188,6 +189,23 @@ def _page(cursor: str | None) -> mcp_types.PaginatedRequestParams | None:
     return mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
 
 
+class StderrTail:
+    """Keeps the last `cap` bytes a server wrote to stderr (bounded memory, no files)."""
+
+    def __init__(self, cap: int = 2048) -> None:
+        self.cap = cap
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+        if len(self._buf) > 2 * self.cap:
+            del self._buf[: -self.cap]
+
+    def text(self) -> str:
+        """The tail, decoded leniently."""
+        return bytes(self._buf[-self.cap :]).decode("utf-8", errors="replace").strip()
+
+
 async def _wait_exit(process: anyio.abc.Process, seconds: float) -> bool:
     with anyio.move_on_after(seconds):
         await process.wait()
@@ -222,7 +240,7 @@ async def _stop_process(process: anyio.abc.Process, grace: float) -> None:
 
 @asynccontextmanager
 async def _stdio_transport(
-    cfg: ServerConfig, errlog: TextIO | None, grace: Callable[[], float]
+    cfg: ServerConfig, stderr: StderrTail | None, grace: Callable[[], float]
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Newline-delimited JSON-RPC over a subprocess's stdin/stdout, in its own process group.
 
@@ -233,7 +251,7 @@ async def _stdio_transport(
     process = await anyio.open_process(
         [cfg.command, *cfg.args],
         env=get_default_environment() | dict(cfg.env),
-        stderr=errlog,
+        stderr=subprocess.PIPE,
         cwd=cfg.cwd,
         start_new_session=True,
     )
@@ -274,9 +292,18 @@ async def _stdio_transport(
                     data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
                     await process.stdin.send(data.encode())
 
+    async def drain_stderr() -> None:
+        # Always drained: a server blocked on a full stderr pipe would look hung.
+        assert process.stderr is not None
+        with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            async for chunk in process.stderr:
+                if stderr is not None:
+                    stderr.feed(chunk)
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(reader)
         tg.start_soon(writer)
+        tg.start_soon(drain_stderr)
         try:
             yield read_recv, write_send
         finally:
@@ -293,7 +320,7 @@ async def connect(
     *,
     on_lost: Callable[[], None],
     memory_server: object | None = None,
-    errlog: TextIO | None = None,
+    stderr: StderrTail | None = None,
     shutdown_grace: Callable[[], float] = lambda: _EXIT_GRACE_S,
 ) -> AsyncIterator[Connection]:
     """Open and initialize a session with the server `cfg` describes.
@@ -302,7 +329,7 @@ async def connect(
         cfg: The server's configuration.
         memory_server: The in-process server object for `transport == "memory"`.
         on_lost: Called when the connection ends (server exited, stream closed).
-        errlog: File (with a descriptor) receiving a stdio server's stderr.
+        stderr: Receives the tail of a stdio server's stderr.
         shutdown_grace: Asked at shutdown: seconds to wait after closing stdin (and after SIGTERM).
 
     Raises:
@@ -313,7 +340,7 @@ async def connect(
     target: Any
     match cfg.transport:
         case "stdio":
-            target = _watched(_stdio_transport(cfg, errlog, shutdown_grace), on_lost)
+            target = _watched(_stdio_transport(cfg, stderr, shutdown_grace), on_lost)
         case "http":
             assert cfg.url is not None
             http = create_mcp_http_client(headers=dict(cfg.headers) or None)

@@ -7,15 +7,14 @@ use the published `Connection` concurrently from their own tasks.
 from __future__ import annotations
 
 import math
-import tempfile
 import time
 from collections import deque
-from typing import IO, Any, Literal, cast
+from typing import Literal
 
 import anyio
 import structlog
 
-from mcprl_tools._mcp import Connection, RawTool, connect
+from mcprl_tools._mcp import Connection, RawTool, StderrTail, connect
 from mcprl_tools.catalogue import catalogue_hash
 from mcprl_tools.config import ServerConfig
 
@@ -37,16 +36,6 @@ def _flatten(exc: BaseException) -> list[BaseException]:
 
 def _describe(exc: BaseException) -> str:
     return "; ".join(f"{type(e).__name__}: {e}" for e in _flatten(exc))
-
-
-def _tail(errlog: IO[bytes]) -> str:
-    try:
-        errlog.flush()
-        size = errlog.seek(0, 2)
-        errlog.seek(max(0, size - _STDERR_TAIL_BYTES))
-        return errlog.read().decode("utf-8", errors="replace").strip()
-    except (OSError, ValueError):
-        return ""
 
 
 class ServerRunner:
@@ -185,7 +174,7 @@ class ServerRunner:
         self._lost = False
         self._suspect = False
         self._hung = False
-        errlog = cast(IO[bytes], tempfile.TemporaryFile())  # noqa: SIM115 - closed in finally
+        errlog = StderrTail(_STDERR_TAIL_BYTES)
         started = False
         try:
             with anyio.CancelScope(deadline=anyio.current_time() + self.cfg.start_timeout) as scope:
@@ -197,14 +186,19 @@ class ServerRunner:
                         self.cfg,
                         on_lost=self._report_lost,
                         memory_server=self._memory_server,
-                        errlog=cast(Any, errlog),
+                        stderr=errlog,
                         shutdown_grace=self._shutdown_grace,
                     ) as conn:
                         listed = await conn.list_tools()
                         scope.deadline = math.inf
                         started = True
                         self._publish(conn, listed)
-                        return await self._supervise(conn)
+                        outcome = await self._supervise(conn)
+                    if outcome != "stopped":
+                        # The transport has exited, so the tail now holds all the server wrote.
+                        reason = self.last_error if outcome == "hung" else "connection lost"
+                        self.last_error = self.cfg.redact(f"{reason}{self._stderr_note(errlog)}")
+                    return outcome
                 except Exception as exc:
                     # Start or transport failures surface here, often wrapped in exception groups.
                     detail = self.cfg.redact(f"{_describe(exc)}{self._stderr_note(errlog)}")
@@ -222,10 +216,9 @@ class ServerRunner:
         finally:
             self._start_scope = None
             self.conn = None
-            errlog.close()
 
-    def _stderr_note(self, errlog: IO[bytes]) -> str:
-        tail = _tail(errlog)
+    def _stderr_note(self, errlog: StderrTail) -> str:
+        tail = errlog.text()
         return f"\n--- stderr tail of {self.cfg.name} ---\n{tail}" if tail else ""
 
     def _publish(self, conn: Connection, listed: list[RawTool]) -> None:

@@ -100,6 +100,13 @@ def big(n: int) -> str:
     return "x" * n
 
 
+@server.tool(description="Write n bytes to stderr, then answer.")
+def shout(n: int) -> str:
+    sys.stderr.write("e" * n)
+    sys.stderr.flush()
+    return "said"
+
+
 @server.tool(description="Raise a tool error.")
 def fail(message: str) -> str:
     raise ToolError(message)
