@@ -122,6 +122,11 @@ async def test_fuzzed_completions_are_counted_model_faults_never_crashes(
     assert ep.metrics["tool_calls"] == calls
     # Every block got exactly one observation: tool messages = calls + parse errors.
     assert sum(m["role"] == "tool" for m in ep.messages) == calls + parse_total
+    # Token exactness holds whatever the model wrote; the episode serialises for trajectory files.
+    tools = list(env.tool_access(make_task()).schemas)
+    assert tok.decode(ep.token_ids) == tok.apply_chat_template(ep.messages, tools=tools).removesuffix("\n")
+    assert sum(ep.loss_mask) == sum(len(t) + 1 for t in texts)
+    json.dumps(ep.to_dict())
 
 
 @settings(max_examples=1000, deadline=None)
