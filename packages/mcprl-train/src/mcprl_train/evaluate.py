@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -34,6 +34,7 @@ async def evaluate_tasks(
     max_retries: int = 1,
     prefix: str = "val",
     namespace: str | None = None,
+    on_group: Callable[[Any], None] | None = None,
 ) -> tuple[dict[str, float], list[Any]]:
     """Run one episode per task and summarise.
 
@@ -50,6 +51,7 @@ async def evaluate_tasks(
         max_concurrent_episodes=max_concurrent_episodes,
         max_retries=max_retries,
         namespace=namespace,
+        on_group=on_group,
     )
     metrics = rollout_metrics(groups, prefix=prefix)
     by_family: dict[str, list[float]] = defaultdict(list)

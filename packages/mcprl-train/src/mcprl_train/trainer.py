@@ -21,6 +21,7 @@ from mcprl_train import build
 from mcprl_train.data import StreamPosition, TaskStream
 from mcprl_train.evaluate import evaluate_tasks
 from mcprl_train.learner import Learner
+from mcprl_train.progress import RunProgress
 from mcprl_train.rollout import check_invalid_rate, collect_groups, rollout_metrics
 from mcprl_train.rundir import RunDir
 from mcprl_train.sft import SFTStage, render_example
@@ -75,7 +76,8 @@ class Trainer:
         resume: Continue from the run directory's last complete checkpoint.
         hooks: Called as `hook(event, trainer)` at `before_rollout`, `after_rollout`, `after_update`,
             `after_step`, `after_checkpoint` (tests use them to inspect or interrupt a run).
-        progress: Progress reporter (`mcprl_train.trainer.Progress`); None shows nothing.
+        progress: Progress bars (`mcprl_train.progress.RunProgress`); None builds them from
+            `tracking.progress` (shown only on a terminal).
     """
 
     def __init__(
@@ -91,7 +93,7 @@ class Trainer:
         self.run_dir = run_dir
         self.resume = resume
         self.hooks = hooks
-        self.progress = progress
+        self.progress = progress if progress is not None else RunProgress(enabled=config.tracking.progress)
         self.state = TrainState(stage="sft" if config.sft.enabled else "grpo")
         self.policy: Any = None
         self.sampler: Any = None
@@ -147,7 +149,8 @@ class Trainer:
                 )
             if self.resume:
                 self.restore(loaded)
-            return await self.stages()
+            with self.progress:
+                return await self.stages()
 
     # -- stages ------------------------------------------------------------------------------------------
 
@@ -155,15 +158,18 @@ class Trainer:
         cfg = self.config
         self.clock = time.perf_counter() - self.state.elapsed_s
         if self.state.stage == "sft":
-            await self.evaluate("init")
+            # No evaluation of the untrained model here: it cannot call a tool; "warm_start" is the baseline.
             await self.warm_start()
             await self.evaluate("warm_start")
             self.state.stage = "grpo"
             self.checkpoint()
         elif self.state.stage == "grpo" and self.state.step == 0 and self.restored_from is None:
             await self.evaluate("init")
+        if self.state.stage == "grpo":
+            self.progress.stage("GRPO", total=cfg.run.steps, completed=self.state.step)
         while self.state.stage == "grpo" and self.state.step < cfg.run.steps:
             await self.grpo_step()
+            self.progress.step_done()
             every = cfg.eval.every
             if every and self.state.step % every == 0 and self.state.step < cfg.run.steps:
                 await self.evaluate("periodic")
@@ -179,11 +185,13 @@ class Trainer:
         """Supervised steps on the demonstrations until `sft.steps` (or `sft.epochs`) are done."""
         assert self.sft is not None
         total = self.sft_total_steps()
+        self.progress.stage("warm start (SFT)", total=total, completed=self.state.sft_step)
         while self.state.sft_step < total:
             metrics = self.sft.train_step()
             self.state.sft_step = self.sft.step
             self.log_metrics("sft", self.state.step, metrics)
             self.live_line_sft(metrics, total)
+            self.progress.step_done()
 
     def sft_total_steps(self) -> int:
         assert self.sft is not None
@@ -231,6 +239,7 @@ class Trainer:
         metrics["rollout/invalid_rate"] = invalid_rate
         metrics["adv/backfill_rounds"] = float(rounds)
         t1 = time.perf_counter()
+        self.progress.work_done()
         metrics.update(self.learner.update(samples))
         self.sync_sampler()
         if cfg.run.ref_sync_every and step % cfg.run.ref_sync_every == 0:
@@ -256,6 +265,9 @@ class Trainer:
 
     async def collect(self, tasks: list[Any], step: int, *, round_: int) -> list[Any]:
         cfg = self.config
+        self.progress.work(
+            f"collect step {step}" + (f" (back-fill {round_})" if round_ else ""), total=len(tasks)
+        )
         return await collect_groups(
             self.env,
             tasks,
@@ -264,6 +276,7 @@ class Trainer:
             max_concurrent_episodes=cfg.env.max_concurrent_episodes,
             max_retries=cfg.run.rollout_retries,
             namespace=f"step-{step}" if round_ == 0 else f"step-{step}.{round_}",
+            on_group=lambda _group: self.progress.advance(),
         )
 
     def sync_sampler(self) -> None:
@@ -278,6 +291,7 @@ class Trainer:
         if not self.val_tasks:
             return {}
         self.policy.eval()
+        self.progress.work(f"validate ({tag})", total=len(self.val_tasks))
         try:
             metrics, _ = await evaluate_tasks(
                 self.env,
@@ -285,9 +299,11 @@ class Trainer:
                 self.eval_sampler,
                 max_concurrent_episodes=self.config.env.max_concurrent_episodes,
                 namespace=f"eval-{tag}-{self.state.sft_step}-{self.state.step}",
+                on_group=lambda _group: self.progress.advance(),
             )
         finally:
             self.policy.train()
+            self.progress.work_done()
         metrics["time/elapsed_s"] = self.elapsed()
         self.log_metrics("eval", self.state.step, metrics, tag=tag)
         self.live_line_eval(tag, metrics)

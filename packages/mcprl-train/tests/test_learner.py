@@ -1,0 +1,215 @@
+"""The learner on the embedded tiny model: updates change parameters, ratios are healthy, failures diagnosed."""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from typing import Any
+
+import pytest
+import torch
+
+from mcprl_env import Episode, EpisodeGroup, Task
+from mcprl_policy import Policy
+from mcprl_train.config import Config
+from mcprl_train.errors import RatioHealthError
+from mcprl_train.learner import Learner, check_ratio_health, episode_sample, pack_indices, split_minibatches
+
+
+@pytest.fixture(scope="module")
+def policy_state() -> Any:
+    torch.manual_seed(0)
+    return Policy.from_pretrained("tiny", value_head=True)
+
+
+def fresh_policy(template: Any) -> Any:
+    return copy.deepcopy(template)
+
+
+def make_groups(policy: Any, *, n_groups: int = 3, group_size: int = 4, seed: int = 0) -> list[EpisodeGroup]:
+    """Groups of synthetic episodes whose sampler logprobs are the policy's own (ratios start at 1)."""
+    rng = random.Random(seed)
+    vocab = len(policy.tokenizer)
+    groups = []
+    raw: list[tuple[list[int], list[int]]] = []
+    for _ in range(n_groups * group_size):
+        prompt = [rng.randrange(10, vocab) for _ in range(12)]
+        turn = [rng.randrange(10, vocab) for _ in range(rng.randrange(4, 10))]
+        tool = [rng.randrange(10, vocab) for _ in range(5)]
+        turn2 = [rng.randrange(10, vocab) for _ in range(rng.randrange(3, 8))]
+        mask = [0] * len(prompt) + [1] * len(turn) + [0] * len(tool) + [1] * len(turn2)
+        raw.append((prompt + turn + tool + turn2, mask))
+    with torch.no_grad():
+        logprobs = policy.forward_packed([ids for ids, _ in raw], values=False).split("logprobs")
+    for g in range(n_groups):
+        task = Task(id=f"t{g}", prompt="What is the price of ACME?", answer="1")
+        episodes = []
+        for i in range(group_size):
+            ids, mask = raw[g * group_size + i]
+            lp = logprobs[g * group_size + i].tolist()
+            episodes.append(
+                Episode(
+                    episode_id=f"t{g}/{i}",
+                    task_id=f"t{g}",
+                    group_id=f"t{g}",
+                    token_ids=ids,
+                    prompt_length=12,
+                    loss_mask=mask,
+                    sampler_logprobs=[x if m else 0.0 for x, m in zip(lp, mask, strict=True)],
+                    messages=[],
+                    reward=float((i + g) % 3 == 0),
+                    reward_components={},
+                    valid=True,
+                    success=(i + g) % 3 == 0,
+                    stop_reason="answer",
+                    error=None,
+                    answer=None,
+                    metrics={},
+                )
+            )
+        groups.append(EpisodeGroup(group_id=f"t{g}", task=task, episodes=episodes))
+    return groups
+
+
+def config(*overrides: str) -> Config:
+    return Config.load(
+        "cpu",
+        overrides=[
+            "grpo.kl_coef=0.0",
+            "optim.lr=1e-3",
+            "optim.warmup_steps=0",
+            "optim.micro_batch_tokens=64",
+            *overrides,
+        ],
+    )
+
+
+def test_one_step_changes_trainable_parameters_and_gives_finite_metrics(policy_state: Any) -> None:
+    policy = fresh_policy(policy_state)
+    learner = Learner(policy=policy, config=config(), total_steps=10, seed=0)
+    before = [p.detach().clone() for p in policy.trainable_parameters()]
+    samples, adv = learner.prepare(make_groups(policy))
+    metrics = learner.update(samples)
+    after = list(policy.trainable_parameters())
+    changed = [not torch.equal(a, b) for a, b in zip(before, after, strict=True)]
+    assert sum(changed) > len(changed) // 2
+    assert metrics["optim/steps"] >= 1
+    assert adv["adv/samples"] > 0
+    for key, value in {**metrics, **adv}.items():
+        assert math.isfinite(value), key
+
+
+def test_ratios_differ_from_one_after_the_first_optimizer_step(policy_state: Any) -> None:
+    policy = fresh_policy(policy_state)
+    learner = Learner(
+        policy=policy, config=config("grpo.ppo_epochs=2", "grpo.minibatches=2"), total_steps=10, seed=0
+    )
+    seen: list[float] = []
+    original = learner.micro_step
+
+    def spy(m: Any, normalizer: torch.Tensor) -> dict[str, float]:
+        stats = original(m, normalizer)
+        seen.append(stats["ratio/max_abs_dev"])
+        return stats
+
+    learner.micro_step = spy  # type: ignore[method-assign]
+    samples, _ = learner.prepare(make_groups(policy))
+    metrics = learner.update(samples)
+    assert metrics["optim/steps"] == 4
+    # The recompute pass uses the same packing: before any step the ratios are exactly 1 ...
+    first_minibatch = [d for d in seen[: len(seen) // 4]]
+    assert max(first_minibatch) == 0.0
+    # ... and every pass after an optimizer step sees moved weights.
+    assert min(seen[len(seen) // 4 :]) > 0.0
+
+
+def test_ratios_stuck_at_one_after_a_step_stop_the_run_with_a_diagnosis(policy_state: Any) -> None:
+    policy = fresh_policy(policy_state)
+    learner = Learner(policy=policy, config=config("grpo.minibatches=2"), total_steps=10, seed=0)
+    for group in learner.optimizer.param_groups:
+        group["lr"] = 0.0  # the step runs but moves nothing
+    learner.scheduler.base_lrs = [0.0 for _ in learner.scheduler.base_lrs]
+    samples, _ = learner.prepare(make_groups(policy))
+    with pytest.raises(RatioHealthError, match="exactly 1 after 1 optimizer step"):
+        learner.update(samples)
+
+
+def test_a_loss_without_trainable_gradient_is_diagnosed(policy_state: Any) -> None:
+    policy = fresh_policy(policy_state)
+    learner = Learner(policy=policy, config=config(), total_steps=10, seed=0)
+    for p in policy.trainable_parameters():
+        p.requires_grad_(False)
+    samples, _ = learner.prepare(make_groups(policy))
+    with pytest.raises((RatioHealthError, RuntimeError)):
+        learner.update(samples)
+
+
+def test_check_ratio_health_names_the_missing_gradient() -> None:
+    check_ratio_health(0.0, grad_norm=0.0, optimizer_steps=0)  # before any step: nothing to check
+    check_ratio_health(1e-3, grad_norm=1.0, optimizer_steps=2)
+    with pytest.raises(RatioHealthError, match="no trainable parameter received gradient"):
+        check_ratio_health(0.0, grad_norm=0.0, optimizer_steps=1)
+    with pytest.raises(RatioHealthError, match="did not change the weights"):
+        check_ratio_health(0.0, grad_norm=0.5, optimizer_steps=1)
+
+
+def test_zero_variance_groups_are_filtered_and_invalid_episodes_masked(policy_state: Any) -> None:
+    policy = fresh_policy(policy_state)
+    learner = Learner(policy=policy, config=config(), total_steps=10, seed=0)
+    groups = make_groups(policy, n_groups=2)
+    flat = EpisodeGroup(
+        group_id="flat",
+        task=groups[0].task,
+        episodes=[Episode(**{**_fields(e), "reward": 0.5}) for e in groups[0].episodes],
+    )
+    broken = list(groups[1].episodes)
+    broken[0] = Episode(**{**_fields(broken[0]), "valid": False, "reward": 0.0})
+    samples, metrics = learner.prepare(
+        [flat, EpisodeGroup(group_id="b", task=groups[1].task, episodes=broken)]
+    )
+    assert metrics["adv/zero_std_frac"] == 0.5
+    assert len(samples) == len(broken) - 1
+
+
+def _fields(e: Episode) -> dict[str, Any]:
+    import attrs
+
+    return attrs.asdict(e, recurse=False)
+
+
+def test_gae_estimator_trains_the_value_head(policy_state: Any) -> None:
+    policy = fresh_policy(policy_state)
+    learner = Learner(
+        policy=policy,
+        config=config("grpo.estimator=gae", "grpo.gamma=1.0", "grpo.lam=1.0"),
+        total_steps=10,
+        seed=0,
+    )
+    head = [p.detach().clone() for p in policy.value_head.parameters()]
+    samples, _ = learner.prepare(make_groups(policy))
+    metrics = learner.update(samples)
+    assert "loss/value" in metrics
+    assert math.isfinite(metrics["loss/value"])
+    assert any(not torch.equal(a, b) for a, b in zip(head, policy.value_head.parameters(), strict=True))
+
+
+def test_episode_sample_never_trains_the_first_token() -> None:
+    e = Episode(
+        episode_id="e", task_id="t", group_id="t", token_ids=[5, 6, 7], prompt_length=0, loss_mask=[1, 1, 0],
+        sampler_logprobs=[-1.0, -1.0, 0.0], messages=[], reward=1.0, reward_components={}, valid=True,
+        success=True, stop_reason="answer", error=None, answer=None, metrics={},
+    )  # fmt: skip
+    s = episode_sample(e, 0.5)
+    assert s.action_mask.tolist() == [False, True, False]
+    assert s.advantages.tolist() == [0.0, 0.5, 0.0]
+
+
+def test_packing_respects_the_budget_and_keeps_every_sequence() -> None:
+    lengths = [5, 9, 3, 12, 7, 1]
+    bins = pack_indices(lengths, 12)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in b) <= 12 for b in bins)
+    assert pack_indices([20], 8) == [[0]]
+    parts = split_minibatches(7, 3, random.Random(0))
+    assert sorted(i for p in parts for i in p) == list(range(7))
