@@ -126,3 +126,13 @@ def test_unreadable_or_malformed_files_name_the_file(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match=f"{bad}: not valid json"):
         ServersConfig.load(bad)
+
+
+def test_redact_json_replaces_secrets_inside_nested_strings() -> None:
+    cfg = ServersConfig.from_dict(
+        {"mcpServers": {"a": {"command": "p", "env": {"K": "${T}"}}}}, environ={"T": 'to"ken'}
+    ).servers["a"]
+    value = {"rows": [{"k": 'x to"ken y'}], "n": 1}
+    assert cfg.redact_json(value) == {"rows": [{"k": "x *** y"}], "n": 1}
+    assert cfg.redact_json({"clean": True}) == {"clean": True}
+    assert cfg.redact_json(None) is None

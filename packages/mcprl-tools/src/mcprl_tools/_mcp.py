@@ -264,7 +264,9 @@ async def _stdio_transport(
         try:
             message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
         except ValueError:
-            logger.debug("mcp_stdout_not_jsonrpc", server=cfg.name, head=line[:80].decode(errors="replace"))
+            logger.debug(
+                "mcp_stdout_not_jsonrpc", server=cfg.name, head=cfg.redact(line[:80].decode(errors="replace"))
+            )
             return
         await read_send.send(SessionMessage(message))
 

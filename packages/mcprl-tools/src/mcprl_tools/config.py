@@ -140,6 +140,18 @@ class ServerConfig:
                 text = text.replace(secret, "***")
         return text
 
+    def redact_json(self, value: object) -> object:
+        """`value` (JSON-like) with every secret in its strings replaced by `***`."""
+        if value is None or not self.secrets:
+            return value
+        encoded = json.dumps(value, ensure_ascii=False)
+        if not any(json.dumps(s, ensure_ascii=False)[1:-1] in encoded for s in self.secrets if s):
+            return value
+        for secret in sorted(self.secrets, key=len, reverse=True):
+            if secret:
+                encoded = encoded.replace(json.dumps(secret, ensure_ascii=False)[1:-1], "***")
+        return json.loads(encoded)
+
     def exposes(self, tool: str) -> bool:
         """Whether the allow/deny lists let `tool` through."""
         if tool in self.deny_tools:

@@ -310,11 +310,15 @@ class ToolManager:
             runner.report_suspect()
             text = f"Tool {name} timed out after {timeout:g} s"
             return self._fail(name, cfg.name, "timeout", text, start)
-        text, truncated = truncate_text(raw.text, cfg.output_cap_bytes)
+        text, structured = raw.text, raw.structured
+        if cfg.secrets:
+            # A server must not hand its own credentials to the model, even by echoing them.
+            text, structured = cfg.redact(text), cfg.redact_json(structured)
+        text, truncated = truncate_text(text, cfg.output_cap_bytes)
         return ToolResult(
             kind="tool_error" if raw.is_error else "ok",
             text=text,
-            structured=raw.structured,
+            structured=structured,
             name=name,
             server=cfg.name,
             error_type="tool_error" if raw.is_error else None,
