@@ -1,0 +1,150 @@
+"""The whole loop on the tiny model and a real offline MCP server: run, interrupt, resume exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import mcprl_tasks
+from mcprl_train.config import Config
+from mcprl_train.rundir import RunDir
+from mcprl_train.trainer import Trainer
+
+pytestmark = pytest.mark.slow
+
+
+class Interrupted(Exception):
+    """Raised by a hook to cut a run after a checkpoint (a crash at that point)."""
+
+
+def task_file(tmp_path: Path, n: int = 3) -> Path:
+    train, _ = mcprl_tasks.load_preset("demo")
+    tasks = [t for t in mcprl_tasks.read_tasks(train) if t["metadata"]["family"] == "quote"][:n]
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps(tasks))
+    return path
+
+
+def make_config(tmp_path: Path, name: str, tasks: Path, *extra: str) -> Config:
+    return Config.load(
+        "cpu",
+        overrides=[
+            f"run.name={name}",
+            f"run.output_dir={tmp_path / 'runs'}",
+            "run.steps=3",
+            "run.checkpoint_every=1",
+            "run.seed=3",
+            f"tasks.train={tasks}",
+            f"tasks.validation={tasks}",
+            "tools.offline=[finance]",
+            "tools.allow_tools={finance: [get_quote]}",
+            "sft.enabled=true",
+            "sft.steps=2",
+            "sft.demos=3",
+            "sft.batch_size=2",
+            "sft.teacher_noise=0.5",
+            "grpo.group_size=2",
+            "grpo.tasks_per_step=2",
+            "grpo.ppo_epochs=1",
+            "grpo.minibatches=2",
+            "grpo.kl_coef=0.0",
+            "grpo.filter_zero_std=false",
+            "sampler.max_new_tokens_per_turn=12",
+            "env.max_turns_by_difficulty={easy: 2, medium: 2, hard: 2}",
+            "env.max_concurrent_episodes=1",
+            "eval.every=2",
+            "eval.n_tasks=2",
+            "optim.lr=1e-3",
+            "optim.warmup_steps=0",
+            "tracking.progress=false",
+            *extra,
+        ],
+    )
+
+
+def params_of(policy: Any) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in policy.trainable_parameters()]
+
+
+class Recorder:
+    """Hook recording task ids, parameters and metrics per step; optionally interrupts after a checkpoint."""
+
+    def __init__(self, *, stop_after_checkpoint: int | None = None) -> None:
+        self.tasks: dict[int, list[str]] = {}
+        self.params: dict[int, list[torch.Tensor]] = {}
+        self.sampler_params_before: dict[int, list[torch.Tensor]] = {}
+        self.stop_after_checkpoint = stop_after_checkpoint
+
+    def __call__(self, event: str, trainer: Trainer) -> None:
+        step = trainer.state.step
+        match event:
+            case "before_rollout":
+                self.sampler_params_before[step + 1] = params_of(trainer.sampler.policy)
+            case "after_step":
+                self.tasks[step] = list(trainer.last_step_tasks)
+                self.params[step] = params_of(trainer.policy)
+            case "after_checkpoint" if step == self.stop_after_checkpoint and trainer.state.stage == "grpo":
+                raise Interrupted
+            case _:
+                pass
+
+
+def test_resume_continues_exactly_where_an_uninterrupted_run_would(tmp_path: Path) -> None:
+    tasks = task_file(tmp_path)
+    reference = Recorder()
+    cfg = make_config(tmp_path, "straight", tasks)
+    summary = Trainer(cfg, RunDir.create(cfg), hooks=(reference,)).run()
+    assert summary["steps"] == 3
+
+    first = Recorder(stop_after_checkpoint=2)
+    cfg_b = make_config(tmp_path, "cut", tasks)
+    run_b = RunDir.create(cfg_b)
+    with pytest.raises(Interrupted):
+        Trainer(cfg_b, run_b, hooks=(first,)).run()
+    assert sorted(first.tasks) == [1, 2]
+
+    resumed = Recorder()
+    trainer = Trainer(cfg_b, RunDir.open(run_b.path), resume=True, hooks=(resumed,))
+    trainer.run()
+
+    # The sampler generated from the restored weights, which are the uninterrupted run's after step 2.
+    for a, b in zip(resumed.sampler_params_before[3], reference.params[2], strict=True):
+        assert torch.equal(a, b)
+    # No task replayed or skipped; step 2 crosses the epoch boundary (3 tasks, 2 per step).
+    assert (
+        first.tasks[1] + first.tasks[2] + resumed.tasks[3]
+        == reference.tasks[1] + reference.tasks[2] + reference.tasks[3]
+    )
+    assert len(set(reference.tasks[1] + reference.tasks[2])) == 3
+    # The next step equals the uninterrupted run's next step, bit for bit.
+    for a, b in zip(resumed.params[3], reference.params[3], strict=True):
+        assert torch.equal(a, b)
+    grpo_a = [
+        r for r in RunDir.open(tmp_path / "runs" / "straight").read_metrics().records if r["kind"] == "grpo"
+    ]
+    grpo_b = [r for r in run_b.read_metrics().records if r["kind"] == "grpo"]
+    assert [r["step"] for r in grpo_b] == [1, 2, 3]
+    assert grpo_a[-1]["rollout/reward_mean"] == grpo_b[-1]["rollout/reward_mean"]
+    assert grpo_a[-1]["loss/policy"] == grpo_b[-1]["loss/policy"]
+    # Trajectories: every episode once.
+    records = run_b.read_trajectories().records
+    keys = [(r["step"], r["episode_id"]) for r in records]
+    assert len(keys) == len(set(keys)) == 3 * 2 * 2
+
+
+def test_run_directory_holds_config_metrics_trajectories_checkpoints_and_summary(tmp_path: Path) -> None:
+    tasks = task_file(tmp_path)
+    cfg = make_config(tmp_path, "files", tasks, "run.steps=1", "eval.every=0")
+    run_dir = RunDir.create(cfg)
+    summary = Trainer(cfg, run_dir).run()
+    for name in ("config.yaml", "metrics.jsonl", "trajectories.jsonl", "summary.json"):
+        assert (run_dir.path / name).is_file(), name
+    assert run_dir.checkpoints.load_latest() is not None
+    kinds = {r["kind"] for r in run_dir.read_metrics().records}
+    assert kinds == {"sft", "grpo", "eval"}
+    assert summary["success_warm_start"] is not None
+    assert summary["success_final"] is not None
