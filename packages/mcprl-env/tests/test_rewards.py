@@ -89,3 +89,8 @@ def test_custom_reward_functions_can_be_registered_and_weighted() -> None:
 def test_invalid_configs_are_rejected_with_a_reason(build: Any, message: str) -> None:
     with pytest.raises((ConfigError, ValueError), match=message):
         build()
+
+
+def test_an_empty_final_answer_earns_no_format_reward() -> None:
+    _, parts = combine_rewards(attrs.evolve(CTX, answer_given=False), RewardConfig())
+    assert parts["format"] == 0.0

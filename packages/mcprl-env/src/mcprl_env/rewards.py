@@ -38,6 +38,7 @@ class RewardContext:
         invalid_calls: Parse errors + unknown tools + schema-invalid arguments + calls over the per-turn cap.
         parse_errors: Malformed tool calls.
         invalid_call_cap: Invalid calls at which the penalty saturates.
+        answer_given: The final answer is not empty.
     """
 
     success: bool
@@ -50,6 +51,7 @@ class RewardContext:
     invalid_calls: int
     parse_errors: int
     invalid_call_cap: int = 3
+    answer_given: bool = True
 
 
 RewardFunction = Callable[[RewardContext], float]
@@ -61,8 +63,8 @@ def outcome_reward(ctx: RewardContext) -> float:
 
 
 def format_reward(ctx: RewardContext) -> float:
-    """1 when the episode ended with a final answer and no tool call was malformed, else 0."""
-    return 1.0 if ctx.answered and ctx.parse_errors == 0 else 0.0
+    """1 when the episode ended with a non-empty final answer and no tool call was malformed, else 0."""
+    return 1.0 if ctx.answered and ctx.answer_given and ctx.parse_errors == 0 else 0.0
 
 
 def tool_success_reward(ctx: RewardContext) -> float:

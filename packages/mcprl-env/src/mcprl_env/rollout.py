@@ -245,6 +245,7 @@ class _Rollout:
             invalid_calls=self.stats.invalid_calls,
             parse_errors=sum(self.stats.parse_errors.values()),
             invalid_call_cap=self.config.reward.invalid_call_cap,
+            answer_given=bool(self.answer and self.answer.strip()),
         )
         reward, components = combine_rewards(ctx, self.config.reward)
         if not valid:
