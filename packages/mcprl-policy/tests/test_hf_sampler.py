@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
+import attrs
 import pytest
 import torch
 
@@ -129,7 +130,9 @@ def test_requests_join_a_running_batch_between_decode_steps(
                 long.append(await sampler.sample(prompts[0], max_new_tokens=60))
 
             tg.start_soon(first)
-            await anyio.to_thread.run_sync(decoding.wait)  # the long request is decoding in the worker thread
+            await anyio.to_thread.run_sync(
+                decoding.wait, abandon_on_cancel=True
+            )  # the long request is decoding in the worker thread
             late = await _sample_all(sampler, prompts[1:], [4, 7])
         return long[0], late
 
@@ -143,27 +146,28 @@ def test_requests_join_a_running_batch_between_decode_steps(
 
 def test_stop_string_ends_the_turn_and_keeps_its_tokens(policy: Policy) -> None:
     prompt = _prompts(policy, 1)[0]
-    greedy = anyio.run(
-        lambda: HFSampler(policy, SamplingParams(temperature=0.0)).sample(prompt, max_new_tokens=12)
-    )
-    pieces = [policy.tokenizer.decode([t], skip_special_tokens=True) for t in greedy.token_ids]
-    stop = next(p for p in pieces[2:] if p.strip())
-    sampler = HFSampler(policy, SamplingParams(temperature=0.0, stop=(stop,)))
-    completion = anyio.run(lambda: sampler.sample(prompt, max_new_tokens=12))
-    first = next(i for i in range(12) if stop in policy.tokenizer.decode(greedy.token_ids[: i + 1]))
+    params = SamplingParams(temperature=1.0, seed=3)
+    free = anyio.run(lambda: HFSampler(policy, params).sample(prompt, max_new_tokens=16))
+    pieces = [policy.tokenizer.decode([t], skip_special_tokens=True) for t in free.token_ids]
+    stop = next(p.strip() for p in pieces[2:] if p.strip())
+    first = next(i for i in range(16) if stop in policy.tokenizer.decode(free.token_ids[: i + 1]))
+    sampler = HFSampler(policy, attrs.evolve(params, stop=(stop,)))
+    completion = anyio.run(lambda: sampler.sample(prompt, max_new_tokens=16))
     assert completion.finish_reason == "stop"
-    assert completion.token_ids == greedy.token_ids[: first + 1]
+    assert completion.token_ids == free.token_ids[: first + 1]
 
 
 def test_end_of_turn_token_stops_and_is_included(policy: Policy) -> None:
     prompt = _prompts(policy, 1)[0]
-    sampler = HFSampler(policy, SamplingParams(temperature=0.0))
-    greedy = anyio.run(lambda: sampler.sample(prompt, max_new_tokens=8))
-    # Make the third greedy token an end-of-turn id for this sampler's engine.
-    sampler.engine.stop_token_ids = frozenset({greedy.token_ids[2]})
-    completion = anyio.run(lambda: sampler.sample(prompt, max_new_tokens=8))
+    params = SamplingParams(temperature=1.0, seed=4)
+    free = anyio.run(lambda: HFSampler(policy, params).sample(prompt, max_new_tokens=16))
+    first = next(i for i in range(1, 16) if free.token_ids[i] not in free.token_ids[:i])
+    sampler = HFSampler(policy, params)
+    # Make that token an end-of-turn id for this sampler's engine.
+    sampler.engine.stop_token_ids = frozenset({free.token_ids[first]})
+    completion = anyio.run(lambda: sampler.sample(prompt, max_new_tokens=16))
     assert completion.finish_reason == "stop"
-    assert completion.token_ids == greedy.token_ids[:3]
+    assert completion.token_ids == free.token_ids[: first + 1]
 
 
 def test_a_cancelled_request_does_not_disturb_the_others(
@@ -176,24 +180,26 @@ def test_a_cancelled_request_does_not_disturb_the_others(
 
     async def main() -> list[Completion]:
         done: list[Completion] = []
-        async with anyio.create_task_group() as tg:
-            with anyio.CancelScope() as doomed:
+        scopes: list[anyio.CancelScope] = []
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
 
                 async def victim() -> None:
-                    with doomed:
+                    with anyio.CancelScope() as scope:
+                        scopes.append(scope)
                         await sampler.sample(prompts[0], max_new_tokens=200)
 
                 tg.start_soon(victim)
-                await anyio.to_thread.run_sync(decoding.wait)
-                doomed.cancel()
-            done.extend(await _sample_all(sampler, prompts[1:], [6, 6, 6]))
+                await anyio.to_thread.run_sync(decoding.wait, abandon_on_cancel=True)
+                scopes[0].cancel()
+                done.extend(await _sample_all(sampler, prompts[1:], [6, 6, 6]))
         return done
 
     completions = anyio.run(main)
     for prompt, completion in zip(prompts[1:], completions, strict=True):
         alone = anyio.run(lambda p=prompt: reference.sample(p, max_new_tokens=6))
         assert alone.token_ids == completion.token_ids
-    assert sampler.engine.idle
+    assert sampler.engine.idle, (sampler.engine.active, list(sampler.engine.pending))
 
 
 @pytest.mark.parametrize(

@@ -123,6 +123,12 @@ class DecodeEngine:
         self._reset()
         return failed
 
+    def discard_cancelled(self) -> None:
+        """Drop cancelled rows and waiting requests now (only while no worker thread runs the engine)."""
+        self._drop(lambda r: r.cancelled)
+        for request in [r for r in self.pending if r.cancelled]:
+            self.pending.remove(request)
+
     def run_until_finished(self) -> list[DecodeRequest]:
         """Generate until at least one request finishes (returned) or nothing is left to do (``[]``)."""
         device = next(self.model.parameters()).device

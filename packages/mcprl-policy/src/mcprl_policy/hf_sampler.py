@@ -139,21 +139,26 @@ class HFSampler:
                     self._wake(request)
                 if not finished and not own.finished:
                     raise SamplerError("the decode engine went idle before this request finished")
+        except BaseException:
+            own.cancelled = True  # before the hand-off, so nobody is asked to drive for it
+            raise
         finally:
             self._driving = False
-            self._hand_off()
+            if not self._hand_off():
+                self.engine.discard_cancelled()
 
     def _wake(self, request: DecodeRequest) -> None:
         waiter = self._waiters.get(id(request))
         if waiter is not None:
             waiter.wake.set()
 
-    def _hand_off(self) -> None:
+    def _hand_off(self) -> bool:
         """Wake one caller whose request still needs generating, so it takes over driving."""
         for request in (*self.engine.active, *self.engine.pending):
             if not request.cancelled and id(request) in self._waiters:
                 self._wake(request)
-                return
+                return True
+        return False
 
     def _validate(self, prompt: list[int], max_new_tokens: int) -> None:
         if not prompt:
