@@ -120,3 +120,11 @@ def test_plots_subcommand_writes_pngs(capsys: pytest.CaptureFixture[str], tmp_pa
     assert main(["plots", str(run_dir.path)]) == 0
     assert {Path(p).name for p in capsys.readouterr().out.split()} == {"reward.png", "kl.png", "losses.png"}
     assert json.loads(run_dir.metrics_path.read_text())["step"] == 1
+
+
+def test_training_a_deepspeed_profile_says_what_runs_under_deepspeed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["--profile", "a100x2", "--set", f"run.output_dir={tmp_path}"]) == 2
+    assert "mcprl_train.distributed" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

@@ -229,6 +229,13 @@ def _resolve_run(args: argparse.Namespace) -> tuple[Config, Any, bool]:
 
 
 def _train(args: argparse.Namespace) -> int:
+    if args.resume is None and _load(args).distributed.backend == "deepspeed":
+        # Checked before a run directory is created: nothing is left behind.
+        raise TrainError(
+            "distributed.backend=deepspeed: the collect→learn loop runs in one process; DeepSpeed covers the "
+            "ZeRO update (`torchrun --nproc-per-node N -m mcprl_train.distributed --profile a100x2`, see the "
+            "README). Train on one device with --set distributed.backend=none --set distributed.zero_stage=0"
+        )
     config, run_dir, resume = _resolve_run(args)
     from mcprl_train.plots import write_plots
     from mcprl_train.tracking import Tracker, configure_logging

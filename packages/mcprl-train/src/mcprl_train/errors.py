@@ -37,3 +37,7 @@ class PlanError(TrainError, ValueError):
 
 class TrackingError(TrainError, RuntimeError):
     """Experiment tracking was requested but cannot start (missing extra, weave without an API key)."""
+
+
+class DistributedError(TrainError, RuntimeError):
+    """Multi-process training cannot start (DeepSpeed missing, no launcher environment)."""
