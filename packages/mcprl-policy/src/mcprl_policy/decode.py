@@ -23,7 +23,7 @@ from transformers.cache_utils import DynamicLayer
 
 from mcprl_policy.config import SamplingParams
 
-__all__ = ["DecodeEngine", "DecodeRequest", "DecodeStats"]
+__all__ = ["DecodeEngine", "DecodeRequest", "DecodeStats", "end_of_turn_ids"]
 
 from mcprl_policy.completion import FinishReason
 
@@ -343,3 +343,22 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
+
+
+def end_of_turn_ids(tokenizer: Any, model: Any) -> frozenset[int]:
+    """The end-of-turn ids: the tokenizer's eos, ``<|im_end|>`` when present, the generation config's eos."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    generation_config = getattr(model, "generation_config", None)
+    eos = getattr(generation_config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, list | tuple):
+        ids.update(int(e) for e in eos)
+    if not ids:
+        raise ValueError("the tokenizer has no end-of-turn token (eos_token_id is None and no <|im_end|>)")
+    return frozenset(ids)

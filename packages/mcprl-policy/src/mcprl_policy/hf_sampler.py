@@ -11,7 +11,6 @@ No background task or thread outlives the callers: the engine only runs while so
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import anyio
 import attrs
@@ -19,7 +18,7 @@ import structlog
 
 from mcprl_policy.completion import Completion
 from mcprl_policy.config import SamplingParams
-from mcprl_policy.decode import DecodeEngine, DecodeRequest
+from mcprl_policy.decode import DecodeEngine, DecodeRequest, end_of_turn_ids
 from mcprl_policy.errors import SamplerError
 from mcprl_policy.policy import Policy
 
@@ -66,7 +65,7 @@ class HFSampler:
         self.engine = DecodeEngine(
             policy.model,
             params=self.params,
-            stop_token_ids=_stop_token_ids(tokenizer, policy.model),
+            stop_token_ids=end_of_turn_ids(tokenizer, policy.model),
             pad_token_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0),
             max_batch_size=max_batch_size,
             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
@@ -179,22 +178,3 @@ class HFSampler:
             text=self._tokenizer.decode(request.token_ids, skip_special_tokens=True),
             finish_reason=request.finish_reason,
         )
-
-
-def _stop_token_ids(tokenizer: Any, model: Any) -> frozenset[int]:
-    """The end-of-turn ids: the tokenizer's eos, ``<|im_end|>`` when present, the generation config's eos."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-        ids.add(im_end)
-    generation_config = getattr(model, "generation_config", None)
-    eos = getattr(generation_config, "eos_token_id", None)
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif isinstance(eos, list | tuple):
-        ids.update(int(e) for e in eos)
-    if not ids:
-        raise SamplerError("the tokenizer has no end-of-turn token (eos_token_id is None and no <|im_end|>)")
-    return frozenset(ids)
