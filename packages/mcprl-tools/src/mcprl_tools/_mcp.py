@@ -40,6 +40,7 @@ logger = structlog.get_logger()
 _EXIT_GRACE_S = 2.0
 _TERM_GRACE_S = 2.0
 _REAP_S = 2.0
+_POLL_S = 0.005
 
 
 @attrs.frozen(kw_only=True)
@@ -218,6 +219,14 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 async def _stop_process(process: anyio.abc.Process, grace: float) -> None:
     """stdin close → SIGTERM to the group → SIGKILL to the group; then SIGKILL the group once more.
 
@@ -234,6 +243,11 @@ async def _stop_process(process: anyio.abc.Process, grace: float) -> None:
             _signal_group(pgid, signal.SIGKILL)
             await _wait_exit(process, _REAP_S)
     _signal_group(pgid, signal.SIGKILL)
+    # Non-child members cannot be waited for; poll (bounded) until the kernel has removed the group.
+    for _ in range(int(_REAP_S / _POLL_S)):
+        if not _group_alive(pgid):
+            break
+        await anyio.sleep(_POLL_S)
     with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.aclose()
 
