@@ -82,7 +82,7 @@ def test_override_values_are_parsed_as_yaml() -> None:
 
 
 def test_partial_mapping_override_keeps_other_keys() -> None:
-    cfg = Config.load(overrides=["env.max_turns_by_difficulty.easy=3"])
+    cfg = Config.load(profile=None, overrides=["env.max_turns_by_difficulty.easy=3"])
     assert cfg.env.max_turns_by_difficulty == {"easy": 3, "medium": 8, "hard": 10}
 
 

@@ -138,7 +138,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
     config = _load(args)
     results = run_checks(config, servers=not args.skip_servers)
-    Console(width=max(100, Console().width)).print(render_report(results))
+    Console(width=max(160, Console().width)).print(render_report(results))
     return 0 if all(r.ok for r in results) else 1
 
 
