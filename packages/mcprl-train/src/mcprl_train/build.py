@@ -200,8 +200,8 @@ def load_task_source(spec: str, *, name: str) -> Any:
     return tasks
 
 
-def load_demos(config: Any) -> list[tuple[str, list[dict[str, Any]]]]:
-    """The warm-start demonstrations: `(task_id, messages)` for the first `sft.demos` training tasks.
+def load_demos(config: Any) -> list[tuple[str, list[dict[str, Any]], bool]]:
+    """The warm-start demonstrations: `(task_id, messages, succeeds)` for `sft.demos` training tasks.
 
     A fraction `sft.teacher_noise` of them comes from `mcprl_tasks.imperfect_teacher` (guessed prices,
     needless calls, wrong answers), the rest from `mcprl_tasks.ideal_demo`; both seeded by `run.seed`.
@@ -215,14 +215,14 @@ def load_demos(config: Any) -> list[tuple[str, list[dict[str, Any]]]]:
     rng = random.Random(f"demos:{config.run.seed}")
     order = list(range(len(raw)))
     rng.shuffle(order)
-    out: list[tuple[str, list[dict[str, Any]]]] = []
+    out: list[tuple[str, list[dict[str, Any]], bool]] = []
     for i in order[: config.sft.demos]:
         task = raw[i]
         if rng.random() < config.sft.teacher_noise:
             messages = mcprl_tasks.imperfect_teacher(task, rng)
         else:
             messages = mcprl_tasks.ideal_demo(task)
-        out.append((str(task["id"]), messages))
+        out.append((str(task["id"]), messages, bool(mcprl_tasks.demo_succeeds(task, messages))))
     return out
 
 

@@ -327,7 +327,10 @@ class SFTConfig:
     """Optional supervised warm-up on scripted demonstrations before RL.
 
     ``warmup_steps`` ramps the learning rate linearly; ``max_grad_norm`` clips the gradient (SFT has its own
-    optimizer; packing uses ``optim.micro_batch_tokens``).
+    optimizer; packing uses ``optim.micro_batch_tokens``). ``teacher_noise`` is the fraction of demonstrations
+    written by the imperfect teacher (`mcprl_tasks.imperfect_teacher`; the rest are ideal). ``eval_every``
+    validates every N SFT steps (0: only after the stage); ``max_time_s`` ends the stage after that many
+    seconds (the continued-SFT baseline of the demo uses it to match GRPO's wall-clock).
     """
 
     enabled: bool = False
@@ -339,6 +342,8 @@ class SFTConfig:
     teacher_noise: float = attrs.field(default=0.0, validator=[_ge(0.0), _le(1.0)])
     warmup_steps: int = attrs.field(default=0, validator=_ge(0))
     max_grad_norm: float = attrs.field(default=1.0, validator=_gt(0.0))
+    eval_every: int = attrs.field(default=0, validator=_ge(0))
+    max_time_s: float | None = attrs.field(default=None, validator=_gt(0.0))
 
 
 @attrs.frozen(kw_only=True)

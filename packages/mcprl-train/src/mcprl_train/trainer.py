@@ -107,6 +107,7 @@ class Trainer:
         self.last_step_tasks: list[str] = []
         self.restored_from: str | None = None
         self.clock = time.perf_counter()
+        self.teacher_success: float | None = None
 
     def emit(self, event: str) -> None:
         for hook in self.hooks:
@@ -176,22 +177,34 @@ class Trainer:
             if cfg.run.checkpoint_every and self.state.step % cfg.run.checkpoint_every == 0:
                 self.checkpoint()
         if self.state.stage == "grpo":
-            await self.evaluate("final")
+            if cfg.run.steps > 0 or not cfg.sft.enabled:
+                await self.evaluate("final")
             self.state.stage = "done"
             self.checkpoint()
         return self.finish()
 
     async def warm_start(self) -> None:
-        """Supervised steps on the demonstrations until `sft.steps` (or `sft.epochs`) are done."""
+        """Supervised steps on the demonstrations until `sft.steps` (or `sft.epochs`, or `sft.max_time_s`)."""
         assert self.sft is not None
+        cfg = self.config.sft
         total = self.sft_total_steps()
         self.progress.stage("warm start (SFT)", total=total, completed=self.state.sft_step)
         while self.state.sft_step < total:
+            if cfg.max_time_s is not None and self.elapsed() >= cfg.max_time_s:
+                logger.info(
+                    "sft_time_budget_reached", sft_step=self.state.sft_step, max_time_s=cfg.max_time_s
+                )
+                break
             metrics = self.sft.train_step()
             self.state.sft_step = self.sft.step
+            metrics["time/elapsed_s"] = self.elapsed()
+            if self.teacher_success is not None:
+                metrics["sft/teacher_success"] = self.teacher_success
             self.log_metrics("sft", self.state.step, metrics)
             self.live_line_sft(metrics, total)
             self.progress.step_done()
+            if cfg.eval_every and self.state.sft_step % cfg.eval_every == 0 and self.state.sft_step < total:
+                await self.evaluate("sft")
 
     def sft_total_steps(self) -> int:
         assert self.sft is not None
@@ -322,7 +335,10 @@ class Trainer:
         for i in range(len(tasks)):
             by_id[tasks.task_at(i).id] = i
         out = []
-        for task_id, messages in build.load_demos(self.config):
+        demos = build.load_demos(self.config)
+        self.teacher_success = sum(ok for _, _, ok in demos) / max(1, len(demos))
+        logger.info("demonstrations", demos=len(demos), teacher_success=round(self.teacher_success, 3))
+        for task_id, messages, _ in demos:
             task = tasks.task_at(by_id[task_id])
             out.append(
                 render_example(self.policy.tokenizer, messages, list(self.env.tool_access(task).schemas))
@@ -432,7 +448,8 @@ class Trainer:
     def finish(self) -> dict[str, Any]:
         """The run's summary (`summary.json`): validation before/after each stage, timing, where things are."""
         evals = {r.get("tag"): r for r in self.evals()}
-        last_evals = [r for r in self.evals() if r.get("tag") in ("periodic", "final")]
+        tags = ("periodic", "final") if self.config.run.steps > 0 else ("sft", "warm_start")
+        last_evals = [r for r in self.evals() if r.get("tag") in tags]
 
         def val(tag: str, key: str) -> float | None:
             r = evals.get(tag)
@@ -447,6 +464,7 @@ class Trainer:
             "success_init": val("init", "val/success_rate"),
             "success_warm_start": val("warm_start", "val/success_rate"),
             "success_final": val("final", "val/success_rate"),
+            "teacher_success_demos": self.teacher_success,
             "reward_init": val("init", "val/reward_mean"),
             "reward_warm_start": val("warm_start", "val/reward_mean"),
             "reward_final": val("final", "val/reward_mean"),
