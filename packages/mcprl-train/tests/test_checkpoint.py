@@ -178,3 +178,28 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_loadable(tmp_path
     assert loaded.step == 1
     assert torch.equal(loaded.state("weights")["w"], torch.ones(1000))
     assert loaded.skipped == {}
+
+
+def test_a_crash_before_the_pointer_moves_keeps_the_previous_latest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager = CheckpointManager(tmp_path, keep=3)
+    model, opt = _model_and_optimizer(0)
+    _save(manager, 1, model, opt)
+
+    def crash(name: str, sha: str) -> None:
+        raise KeyboardInterrupt  # the process dies between the rename and the pointer update
+
+    with monkeypatch.context() as patch:
+        patch.setattr(manager, "_point_latest", crash)
+        with pytest.raises(KeyboardInterrupt):
+            _save(manager, 2, model, opt)
+    assert manager.latest_pointer() is not None
+    assert manager.latest_pointer()[0] == "step-00000001"  # type: ignore[index]
+    loaded = manager.load_latest()
+    assert loaded is not None
+    assert loaded.step == 1
+    # the resumed run saves step 2 again: the stray complete copy is replaced, not duplicated
+    again = _save(manager, 2, model, opt)
+    assert again.name == "step-00000002-r1"
+    assert [p.name for p in manager.directories()] == ["step-00000001", "step-00000002-r1"]
