@@ -73,6 +73,7 @@ def sft_settings(config: Any) -> Any:
         warmup_steps=sft.warmup_steps,
         max_grad_norm=sft.max_grad_norm,
         micro_batch_tokens=config.optim.micro_batch_tokens,
+        layout=config.optim.layout,
     )
 
 

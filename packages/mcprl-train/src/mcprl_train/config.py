@@ -309,7 +309,12 @@ class GRPOConfig:
 
 @attrs.frozen(kw_only=True)
 class OptimConfig:
-    """AdamW, its schedule and gradient handling."""
+    """AdamW, its schedule and gradient handling.
+
+    ``micro_batch_tokens`` bounds one forward/backward (gradient accumulation over micro-batches);
+    ``layout`` is ``packed`` (one row, block-diagonal mask: GPUs with varlen attention) or ``padded``
+    (length-sorted right-padded rows: cheaper on CPU, see `mcprl_train.forward`).
+    """
 
     lr: float = attrs.field(default=5e-6, validator=_gt(0.0))
     warmup_steps: int = attrs.field(default=10, validator=_ge(0))
@@ -320,6 +325,7 @@ class OptimConfig:
     max_grad_norm: float = attrs.field(default=1.0, validator=_gt(0.0))
     scheduler: Scheduler = "constant"
     micro_batch_tokens: int = attrs.field(default=8192, validator=_ge(16))
+    layout: Literal["packed", "padded"] = "packed"
 
 
 @attrs.frozen(kw_only=True)

@@ -37,6 +37,7 @@ from mcprl_grpo import (
     zero_variance_groups,
 )
 from mcprl_train.errors import RatioHealthError
+from mcprl_train.forward import policy_forward
 
 logger = structlog.get_logger()
 
@@ -284,7 +285,13 @@ class Learner:
     # -- the update --------------------------------------------------------------------------------------
 
     def forward(self, m: _Micro) -> Any:
-        return self.policy.forward_packed(m.ids, temperature=self.temperature, values=self.needs_values)
+        return policy_forward(
+            self.policy,
+            m.ids,
+            temperature=self.temperature,
+            values=self.needs_values,
+            layout=self.optim_cfg.layout,
+        )
 
     def build_micro_batches(self, samples: Sequence[Sample]) -> list[_Micro]:
         """Pack once per iteration: the recompute pass and every epoch see the same micro-batches.

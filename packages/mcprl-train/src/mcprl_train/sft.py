@@ -17,6 +17,7 @@ import attrs
 import structlog
 import torch
 
+from mcprl_train.forward import Layout, policy_forward
 from mcprl_train.learner import pack_indices, warmup_lambda
 
 logger = structlog.get_logger()
@@ -69,6 +70,7 @@ class SFTSettings:
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 8192
+    layout: Layout = "packed"
 
 
 class SFTStage:
@@ -116,7 +118,13 @@ class SFTStage:
         correct = 0.0
         for b in pack_indices([len(e.token_ids) for e in batch], self.config.micro_batch_tokens):
             items = [batch[i] for i in b]
-            out = self.policy.forward_packed([e.token_ids for e in items], temperature=1.0, values=False)
+            out = policy_forward(
+                self.policy,
+                [e.token_ids for e in items],
+                temperature=1.0,
+                values=False,
+                layout=self.config.layout,
+            )
             mask = torch.cat([torch.tensor(e.assistant_mask, dtype=torch.float32) for e in items])
             starts = torch.cumsum(torch.tensor([0] + [len(e.token_ids) for e in items[:-1]]), 0)
             mask[starts] = 0.0
