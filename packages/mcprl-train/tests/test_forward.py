@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from mcprl_policy import Policy
 from mcprl_train.forward import policy_forward
 
