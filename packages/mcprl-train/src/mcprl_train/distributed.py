@@ -23,6 +23,7 @@ Multi-node: the same entry under the DeepSpeed launcher with a hostfile
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -259,8 +260,97 @@ def fixed_token_groups(n_groups: int, group_size: int, *, vocab: int, seed: int 
     return groups
 
 
+def token_group(group: Any) -> TokenGroup:
+    """An `mcprl_env.EpisodeGroup` as token batches; invalid episodes keep their tokens but train on nothing."""
+    episodes = list(group.episodes)
+    return TokenGroup(
+        group_id=str(group.group_id),
+        token_ids=tuple(tuple(e.token_ids) for e in episodes),
+        loss_mask=tuple(tuple(e.loss_mask) if e.valid else (0,) * len(e.token_ids) for e in episodes),
+        sampler_logprobs=tuple(tuple(e.sampler_logprobs) for e in episodes),
+        rewards=tuple(float(e.reward) if e.valid else 0.0 for e in episodes),
+    )
+
+
+def equalize(groups: list[TokenGroup], world_size: int, per_rank: int) -> list[TokenGroup]:
+    """Pad a rank's groups to ``per_rank`` with reward-constant copies (zero advantage: no gradient).
+
+    ZeRO-3 gathers parameters collectively in every forward, so every rank must run as many as the others.
+    """
+    if per_rank * world_size < len(groups):
+        raise DistributedError(f"{len(groups)} groups exceed {per_rank} per rank")
+    if not groups:
+        raise DistributedError("a rank has no group to learn on: tasks_per_step must be >= the world size")
+    pad = [
+        attrs.evolve(
+            groups[0], group_id=f"{groups[0].group_id}#pad{k}", rewards=(0.0,) * len(groups[0].rewards)
+        )
+        for k in range(per_rank - len(groups))
+    ]
+    return groups + pad
+
+
+async def collect_share(
+    config: Config, sampler: Any, tokenizer: Any, tasks: Sequence[Any], *, step: int
+) -> list[TokenGroup]:
+    """Run this rank's task groups against the configured MCP servers and return them as token groups."""
+    from mcprl_env import Environment
+    from mcprl_tools import ToolManager
+    from mcprl_train import build
+    from mcprl_train.rollout import collect_groups
+
+    async with ToolManager(build.servers_config(config)) as manager:
+        env = Environment(manager=manager, tokenizer=tokenizer, config=build.env_config(config))
+        groups = await collect_groups(
+            env,
+            tasks,
+            sampler,
+            group_size=config.grpo.group_size,
+            max_concurrent_episodes=config.env.max_concurrent_episodes,
+            max_retries=config.run.rollout_retries,
+            namespace=f"step-{step}",
+        )
+    return [token_group(g) for g in groups]
+
+
+class _RolloutSide:
+    """A full replica of the policy for sampling (ZeRO-3 partitions the trained one) and the task stream.
+
+    Every rank reads the same stream (same seed) and keeps its own share of each step's tasks.
+    """
+
+    def __init__(self, config: Config, *, rank: int, world: int, weights: dict[str, torch.Tensor]) -> None:
+        from mcprl_train import build
+        from mcprl_train.data import TaskStream
+
+        self.config, self.rank, self.world = config, rank, world
+        self.replica = build.build_policy(config)
+        self.replica.eval()
+        self.sync(weights)
+        self.sampler = build.build_sampler(config, self.replica, seed=config.run.seed + rank)
+        self.stream = TaskStream(
+            build.load_task_source(config.tasks.train, name="train"), seed=config.run.seed
+        )
+
+    def sync(self, weights: dict[str, torch.Tensor]) -> None:
+        """Load the trained weights into the sampling replica (before the first rollout and after each step)."""
+        with torch.no_grad():
+            for name, param in self.replica.model.named_parameters():
+                param.copy_(weights[name].to(param.dtype))
+
+    def collect(self, step: int) -> list[TokenGroup]:
+        import anyio
+
+        tasks = self.stream.take(self.config.grpo.tasks_per_step)
+        mine = shard_groups(tasks, self.rank, self.world)
+        collect = functools.partial(collect_share, step=step)
+        groups = anyio.run(collect, self.config, self.sampler, self.replica.tokenizer, mine)
+        per_rank = -(-len(tasks) // self.world)
+        return equalize(groups, self.world, per_rank)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m mcprl_train.distributed``: the ZeRO update of a profile on fixed token batches.
+    """``python -m mcprl_train.distributed``: ZeRO GRPO steps of a profile, on fixed token batches or rollouts.
 
     Prints one line per rank: ``rank=<r> digest=<sha256 of the full parameters> changed=<bool>`` (and with
     ``--out DIR`` writes it as ``DIR/rank-<r>.json``).
@@ -270,6 +360,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="also write rank-<r>.json into this directory")
+    parser.add_argument(
+        "--rollouts",
+        action="store_true",
+        help="collect each rank's share of task groups on the MCP servers (default: fixed token batches)",
+    )
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     config = Config.load(profile=args.profile, overrides=args.overrides)
@@ -279,21 +374,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     policy = build_policy(config)
     trainer = DeepSpeedGRPO(policy, config)
-    before = parameter_digest(trainer.full_state_dict())
-    groups = fixed_token_groups(
+    full = trainer.full_state_dict()
+    before = parameter_digest(full)
+    fixed = fixed_token_groups(
         config.grpo.tasks_per_step,
         config.grpo.group_size,
         vocab=int(policy.model.config.vocab_size),
         seed=config.run.seed,
     )
+    rollout = _RolloutSide(config, rank=rank, world=world, weights=full) if args.rollouts else None
     metrics: dict[str, float] = {}
+    groups: list[TokenGroup] = []
     for step in range(1, args.steps + 1):
-        metrics = trainer.step(shard_groups(groups, rank, world))
-        logger.info("distributed_step", rank=rank, step=step, **metrics)
+        groups = rollout.collect(step) if rollout is not None else shard_groups(fixed, rank, world)
+        metrics = trainer.step(groups)
+        if rollout is not None:
+            rollout.sync(trainer.full_state_dict())  # collective: every rank gathers, every replica loads
+        logger.info("distributed_step", rank=rank, step=step, groups=len(groups), **metrics)
     after = parameter_digest(trainer.full_state_dict())
     print(f"rank={rank} digest={after} changed={after != before}", flush=True)
     if args.out is not None:
-        result = {"rank": rank, "world_size": world, "digest": after, "changed": after != before, **metrics}
+        result = {
+            "rank": rank,
+            "world_size": world,
+            "digest": after,
+            "changed": after != before,
+            "last_groups": [g.group_id for g in groups],
+            **metrics,
+        }
         (args.out / f"rank-{rank}.json").write_text(json.dumps(result))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
