@@ -233,7 +233,7 @@ def _train(args: argparse.Namespace) -> int:
         # Checked before a run directory is created: nothing is left behind.
         raise TrainError(
             "distributed.backend=deepspeed: the collect→learn loop runs in one process; DeepSpeed covers the "
-            "ZeRO update (`torchrun --nproc-per-node N -m mcprl_train.distributed --profile a100x2`, see the "
+            "sharded rollouts + ZeRO update (`torchrun --nproc-per-node N -m mcprl_train.distributed --profile a100x2 --rollouts`, see the "
             "README). Train on one device with --set distributed.backend=none --set distributed.zero_stage=0"
         )
     config, run_dir, resume = _resolve_run(args)
