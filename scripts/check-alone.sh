@@ -20,7 +20,7 @@ uv export --quiet --locked --all-packages --all-extras --no-emit-workspace --no-
 # vllm's pins would drag CUDA-only wheels into a constraints solve we do not need here.
 grep -v -E '^(vllm|xformers|flashinfer)' "$tmp/constraints.txt" > "$tmp/c.txt"
 uv venv --quiet --python 3.11 "$tmp/venv"
-uv pip install --quiet --python "$tmp/venv/bin/python" --find-links "$tmp/dist" -c "$tmp/c.txt" \
+UV_COMPILE_BYTECODE=0 uv pip install --quiet --python "$tmp/venv/bin/python" --find-links "$tmp/dist" -c "$tmp/c.txt" \
   "$pkg" pytest hypothesis pytest-timeout
 # The package must be imported from the wheel: run from a directory outside the workspace.
 cd "$tmp"

@@ -90,6 +90,9 @@ def test_choosing_a_tools_source_replaces_the_profile_source() -> None:
     cfg = Config.load(overrides=["tools.servers=servers.json"])
     assert cfg.tools.source == "servers"
     assert cfg.tools.offline is None
+    assert cfg.tools.allow_tools == {}  # the profile's allow-lists named the replaced source's servers
+    own = Config.load(overrides=["tools.servers=servers.json", "tools.allow_tools={calc: [add]}"])
+    assert own.tools.allow_tools == {"calc": ("add",)}
     inline = Config.load(overrides=['tools.mcp_servers={"calc": {"command": "python"}}'])
     assert inline.tools.source == "mcp_servers"
 

@@ -182,7 +182,7 @@ def test_gae_estimator_trains_the_value_head(policy_state: Any) -> None:
     policy = fresh_policy(policy_state)
     learner = Learner(
         policy=policy,
-        config=config("grpo.estimator=gae", "grpo.gamma=1.0", "grpo.lam=1.0"),
+        config=config("model.value_head=true", "grpo.estimator=gae", "grpo.gamma=1.0", "grpo.lam=1.0"),
         total_steps=10,
         seed=0,
     )

@@ -129,6 +129,12 @@ def build_tiny_model(
         model = _build_model(preset, tokenizer)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        if not (tmp / "model.safetensors").is_file():
+            # transformers writes weights only on rank 0 once torch.distributed is initialised.
+            raise ModelLoadError(
+                f"building embedded model {name!r}: save_pretrained wrote no weights in this process "
+                "(a non-zero torch.distributed rank?); build it on rank 0 first, then barrier"
+            )
         try:
             tmp.rename(target)
         except OSError:

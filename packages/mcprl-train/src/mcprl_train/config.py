@@ -566,12 +566,17 @@ def _profile_data(name: str) -> dict[str, Any]:
 
 
 def _merge_layer(base: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``layer`` over ``base``; a layer naming a tools source replaces the other sources."""
+    """Deep-merge ``layer`` over ``base``; a layer naming a tools source replaces the other sources.
+
+    The earlier layers' ``tools.allow_tools`` narrowed the servers of the source being replaced, so it goes
+    with it (a layer that names a source may give its own allow-lists).
+    """
     tools = layer.get("tools")
     if isinstance(tools, Mapping) and isinstance(base.get("tools"), Mapping):
         chosen = [k for k in _TOOL_SOURCES if tools.get(k) is not None]
         if chosen:
-            base = {**base, "tools": {k: v for k, v in base["tools"].items() if k not in _TOOL_SOURCES}}
+            dropped = {*_TOOL_SOURCES, "allow_tools"}
+            base = {**base, "tools": {k: v for k, v in base["tools"].items() if k not in dropped}}
     return deep_merge(base, layer)
 
 

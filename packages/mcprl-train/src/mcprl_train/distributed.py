@@ -372,7 +372,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(config.run.seed)
     from mcprl_train.build import build_policy
 
+    # Rank 0 first: building or downloading the model populates a shared cache, and under torch.distributed
+    # transformers writes weights only on rank 0 (`save_pretrained`), so other ranks must not build it.
+    if rank != 0:
+        torch.distributed.barrier()
     policy = build_policy(config)
+    if rank == 0:
+        torch.distributed.barrier()
     trainer = DeepSpeedGRPO(policy, config)
     full = trainer.full_state_dict()
     before = parameter_digest(full)
