@@ -5,7 +5,9 @@ RELIABILITY.md scenarios 1, 2, 3, 11, 12 (client side).
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import sys
 import time
 
@@ -100,6 +102,22 @@ async def test_hang_hits_the_deadline_then_the_server_is_replaced(marker: str) -
     assert after.structured != hung_pid
     assert m["tools/flaky/restarts"] == 1
     # the hung process ignored SIGTERM: only the SIGKILL escalation could have removed it
+    assert marked_processes(marker) == []
+
+
+async def test_periodic_health_probe_replaces_a_server_that_froze_while_idle(marker: str) -> None:
+    cfg = _config(
+        flaky=flaky_server(marker, health_interval=0.3, ping_timeout=0.5, restart={"backoff_initial": 0.1})
+    )
+    async with ToolManager(cfg) as manager:
+        frozen_pid = (await manager.call("pid", {})).text
+        os.kill(int(frozen_pid), signal.SIGSTOP)  # alive but answers nothing; no call is in flight
+        with anyio.fail_after(20):
+            while manager.metrics()["tools/flaky/restarts"] < 1:
+                await anyio.sleep(0.05)
+        after = await manager.call("pid", {})
+    assert after.ok
+    assert after.text != frozen_pid
     assert marked_processes(marker) == []
 
 
