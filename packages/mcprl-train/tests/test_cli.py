@@ -122,9 +122,41 @@ def test_plots_subcommand_writes_pngs(capsys: pytest.CaptureFixture[str], tmp_pa
     assert json.loads(run_dir.metrics_path.read_text())["step"] == 1
 
 
-def test_training_a_deepspeed_profile_says_what_runs_under_deepspeed(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+def test_training_a_deepspeed_profile_relaunches_itself_under_torchrun(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    calls: list[list[str]] = []
+
+    def fake_run(command: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        calls.append(command)
+        return subprocess.CompletedProcess(command, 3)
+
+    monkeypatch.setattr("mcprl_train.launch.subprocess.run", fake_run)
+    args = ["--profile", "a100x2", "--set", f"run.output_dir={tmp_path}", "--set", "model.device=cpu"]
+    assert main(args) == 3  # the workers' exit code
+    [command] = calls
+    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert command[command.index("--nproc-per-node") + 1] == "2"  # distributed.num_gpus of the profile
+    assert command[command.index("-m", 3) :] == ["-m", "mcprl_train", *args]
+    assert not list(tmp_path.iterdir())  # the launching process creates nothing
+
+
+def test_a_deepspeed_run_needs_a_gpu_per_process_on_cuda(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
     assert main(["--profile", "a100x2", "--set", f"run.output_dir={tmp_path}"]) == 2
-    assert "mcprl_train.distributed" in capsys.readouterr().err
-    assert not list(tmp_path.iterdir())
+    assert "distributed.num_gpus=1" in capsys.readouterr().err
+
+
+def test_the_deepspeed_launchers_local_rank_argument_is_dropped() -> None:
+    from mcprl_train.launch import launched, strip_local_rank
+
+    assert strip_local_rank(["--local_rank=1", "--profile", "a100x2"]) == ["--profile", "a100x2"]
+    assert strip_local_rank(["--local-rank", "0", "train"]) == ["train"]
+    assert launched({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
+    assert not launched({"WORLD_SIZE": "2"})

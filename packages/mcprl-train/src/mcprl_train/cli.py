@@ -100,7 +100,10 @@ def _load(args: argparse.Namespace) -> Config:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mcprl-train`` console script; returns the exit code."""
-    args = build_parser().parse_args(_with_default_command(sys.argv[1:] if argv is None else argv))
+    from mcprl_train.launch import strip_local_rank
+
+    raw = strip_local_rank(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(_with_default_command(raw))
     console = Console(stderr=True)
     try:
         match args.command:
@@ -116,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             case "eval":
                 return _eval(args)
             case _:
-                return _train(args)
+                return _train(args, raw)
     except TrainError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
@@ -202,6 +205,30 @@ async def _evaluate_checkpoint(path: Path, overrides: list[str]) -> dict[str, An
     return summary
 
 
+def _locate_run(args: argparse.Namespace) -> Path:
+    """The run directory ``--resume`` names (the newest under ``run.output_dir`` for a bare ``--resume``)."""
+    if args.resume != "latest":
+        return Path(args.resume)
+    output_dir = Path(_load(args).run.output_dir)
+    runs = sorted(
+        (p for p in output_dir.glob("*/config.yaml")), key=lambda p: p.stat().st_mtime, reverse=True
+    )
+    if args.run_name is not None:
+        runs = [p for p in runs if p.parent.name == args.run_name]
+    if not runs:
+        raise TrainError(f"--resume: no run directory under {str(output_dir)!r} to resume")
+    return runs[0].parent
+
+
+def _peek_config(args: argparse.Namespace) -> Config:
+    """The config a ``train`` invocation would run, without creating or changing anything."""
+    from mcprl_train.rundir import RunDir
+
+    if args.resume is None:
+        return _load(args)
+    return RunDir.open(_locate_run(args)).load_config().replace(args.overrides)
+
+
 def _resolve_run(args: argparse.Namespace) -> tuple[Config, Any, bool]:
     from mcprl_train.rundir import RunDir
 
@@ -210,32 +237,21 @@ def _resolve_run(args: argparse.Namespace) -> tuple[Config, Any, bool]:
         if args.run_name is not None:
             config = config.replace([f"run.name={args.run_name}"])
         return config, RunDir.create(config), False
-    if args.resume == "latest":
-        output_dir = Path(_load(args).run.output_dir)
-        runs = sorted(
-            (p for p in output_dir.glob("*/config.yaml")), key=lambda p: p.stat().st_mtime, reverse=True
-        )
-        if args.run_name is not None:
-            runs = [p for p in runs if p.parent.name == args.run_name]
-        if not runs:
-            raise TrainError(f"--resume: no run directory under {str(output_dir)!r} to resume")
-        path = runs[0].parent
-    else:
-        path = Path(args.resume)
-    run_dir = RunDir.open(path)
+    run_dir = RunDir.open(_locate_run(args))
     config = run_dir.load_config().replace(args.overrides)
     run_dir.write_config(config)
     return config, run_dir, True
 
 
-def _train(args: argparse.Namespace) -> int:
-    if args.resume is None and _load(args).distributed.backend == "deepspeed":
-        # Checked before a run directory is created: nothing is left behind.
-        raise TrainError(
-            "distributed.backend=deepspeed: the collect→learn loop runs in one process; DeepSpeed covers the "
-            "sharded rollouts + ZeRO update (`torchrun --nproc-per-node N -m mcprl_train.distributed --profile a100x2 --rollouts`, see the "
-            "README). Train on one device with --set distributed.backend=none --set distributed.zero_stage=0"
-        )
+def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    config = _peek_config(args)
+    if config.distributed.backend == "deepspeed":
+        from mcprl_train.launch import launched, relaunch, train_rank
+
+        if not launched():
+            # Nothing is created here: the workers resolve the run (rank 0) and share it.
+            return relaunch(config.distributed.num_gpus, argv, device=config.model.device)
+        return train_rank(lambda: _resolve_run(args))
     config, run_dir, resume = _resolve_run(args)
     from mcprl_train.plots import write_plots
     from mcprl_train.tracking import Tracker, configure_logging

@@ -93,7 +93,10 @@ def init_distributed() -> tuple[int, int]:
             "not started by a launcher (WORLD_SIZE unset): run under "
             "`torchrun --nproc-per-node N -m mcprl_train.distributed ...` or `deepspeed --num_gpus N ...`"
         )
-    if not torch.cuda.is_available() and os.environ.get("MCPRL_DS_SHM_COMM") != "1":
+    if torch.cuda.is_available():
+        # One device per process; object collectives on NCCL go through the current device.
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    elif os.environ.get("MCPRL_DS_SHM_COMM") != "1":
         _skip_cpu_shm_comm_op()
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     return torch.distributed.get_rank(), torch.distributed.get_world_size()

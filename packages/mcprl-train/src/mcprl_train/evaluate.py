@@ -53,6 +53,17 @@ async def evaluate_tasks(
         namespace=namespace,
         on_group=on_group,
     )
+    return evaluation_metrics(tasks, groups, prefix=prefix, elapsed_s=time.perf_counter() - t0), groups
+
+
+def evaluation_metrics(
+    tasks: Sequence[Any], groups: Sequence[Any], *, prefix: str = "val", elapsed_s: float
+) -> dict[str, float]:
+    """Metrics of evaluated groups (one per task, aligned with `tasks`): `rollout_metrics` re-rooted under
+    `prefix`, success per task family, and `<prefix>/time_s`.
+
+    A data-parallel run gathers every rank's `(tasks, groups)` and calls this once on the concatenation.
+    """
     metrics = rollout_metrics(groups, prefix=prefix)
     by_family: dict[str, list[float]] = defaultdict(list)
     for task, group in zip(tasks, groups, strict=True):
@@ -63,5 +74,5 @@ async def evaluate_tasks(
     for fam, xs in sorted(by_family.items()):
         if xs:
             metrics[f"{prefix}/family/{fam}/success_rate"] = sum(xs) / len(xs)
-    metrics[f"{prefix}/time_s"] = time.perf_counter() - t0
-    return metrics, groups
+    metrics[f"{prefix}/time_s"] = elapsed_s
+    return metrics

@@ -337,7 +337,10 @@ class Learner:
         if not samples:
             return {"optim/skipped": 1.0}
         self.policy.train()
-        micros = self.build_micro_batches(samples)
+        return self.update_micro_batches(self.build_micro_batches(samples))
+
+    def update_micro_batches(self, micros: list[_Micro]) -> dict[str, float]:
+        """`update` on micro-batches already packed (a subclass may have padded them)."""
         self.recompute(micros)
         acc: dict[str, list[float]] = {}
         steps = 0
@@ -345,10 +348,12 @@ class Learner:
         for _epoch in range(self.grpo.ppo_epochs):
             for mb in split_minibatches(len(micros), self.grpo.minibatches, self.rng):
                 group = [micros[i] for i in mb]
-                normalizer = torch.stack(
-                    [aggregation_normalizer(m.mask, mode=self.mode, seq_ids=m.seq_ids) for m in group]
-                ).sum()
-                self.optimizer.zero_grad(set_to_none=True)
+                normalizer = self.reduce_sum(
+                    torch.stack(
+                        [aggregation_normalizer(m.mask, mode=self.mode, seq_ids=m.seq_ids) for m in group]
+                    ).sum()
+                )
+                self.zero_grad()
                 max_dev = 0.0
                 for m in group:
                     stats = self.micro_step(m, normalizer)
@@ -356,7 +361,7 @@ class Learner:
                     for k, v in stats.items():
                         acc.setdefault(k, []).append(v)
                 if self.recompute_old:
-                    check_ratio_health(max_dev, grad_norm=grad_norm, optimizer_steps=steps)
+                    check_ratio_health(self.reduce_max(max_dev), grad_norm=grad_norm, optimizer_steps=steps)
                 grad_norm = self.optimizer_step()
                 acc.setdefault("optim/grad_norm", []).append(grad_norm)
                 steps += 1
@@ -368,6 +373,24 @@ class Learner:
         metrics["perf/micro_batches"] = float(len(micros))
         metrics["perf/train_tokens"] = float(sum(len(i) for m in micros for i in m.ids))
         return metrics
+
+    # -- what a data-parallel learner (`mcprl_train.ds_learner`) replaces ---------------------------------
+
+    def reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """A minibatch's loss normaliser summed over data-parallel ranks (one process: itself)."""
+        return value
+
+    def reduce_max(self, value: float) -> float:
+        """The largest ``value`` over data-parallel ranks (one process: itself)."""
+        return value
+
+    def zero_grad(self) -> None:
+        """Clear gradients before a minibatch."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradient of one micro-batch's (already normalised) loss."""
+        loss.backward()
 
     def micro_step(self, m: _Micro, normalizer: torch.Tensor) -> dict[str, float]:
         """Forward + backward of one micro-batch, aggregated with the minibatch's global normaliser."""
@@ -402,7 +425,7 @@ class Learner:
             max_tokens=self.max_total_tokens,
             seq_ids=m.seq_ids,
         )
-        loss.backward()
+        self.backward(loss)
         stats["loss/total"] = float(loss.detach())
         stats["loss/entropy"] = float(
             aggregate_loss(out.entropies.detach().float(), m.mask, mode="token-mean")

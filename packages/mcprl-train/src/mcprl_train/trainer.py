@@ -123,20 +123,13 @@ class Trainer:
 
         cfg = self.config
         seed_everything(cfg.run.seed)
-        loaded = self.run_dir.checkpoints.load_latest() if self.resume else None
-        self.policy = build.build_policy(cfg, source=str(loaded.subdir("policy")) if loaded else None)
-        self.policy.train()
-        self.sampler = build.build_sampler(cfg, self.policy, seed=cfg.run.seed)
-        self.eval_sampler = build.build_sampler(cfg, self.policy, greedy=cfg.eval.greedy, seed=cfg.run.seed)
+        loaded = self.find_checkpoint() if self.resume else None
+        self.build_learning(loaded)
         train_set = build.load_task_source(cfg.tasks.train, name="train")
         self.stream = TaskStream(train_set, seed=cfg.run.seed)
         if cfg.tasks.validation is not None:
             val_set = build.load_task_source(cfg.tasks.validation, name="validation")
             self.val_tasks = build.first_tasks(val_set, cfg.eval.n_tasks)
-        reference = build.build_reference(cfg, self.policy)
-        self.learner = Learner(
-            policy=self.policy, config=cfg, total_steps=cfg.run.steps, seed=cfg.run.seed, reference=reference
-        )
         async with ToolManager(build.servers_config(cfg)) as manager:
             self.env = Environment(
                 manager=manager, tokenizer=self.policy.tokenizer, config=build.env_config(cfg)
@@ -152,6 +145,22 @@ class Trainer:
                 self.restore(loaded)
             with self.progress:
                 return await self.stages()
+
+    def find_checkpoint(self) -> Any:
+        """The checkpoint to resume from (`mcprl_train.checkpoint.Checkpoint`), or None."""
+        return self.run_dir.checkpoints.load_latest()
+
+    def build_learning(self, loaded: Any) -> None:
+        """Policy (restored weights when `loaded`), samplers, reference and learner."""
+        cfg = self.config
+        self.policy = build.build_policy(cfg, source=str(loaded.subdir("policy")) if loaded else None)
+        self.policy.train()
+        self.sampler = build.build_sampler(cfg, self.policy, seed=cfg.run.seed)
+        self.eval_sampler = build.build_sampler(cfg, self.policy, greedy=cfg.eval.greedy, seed=cfg.run.seed)
+        reference = build.build_reference(cfg, self.policy)
+        self.learner = Learner(
+            policy=self.policy, config=cfg, total_steps=cfg.run.steps, seed=cfg.run.seed, reference=reference
+        )
 
     # -- stages ------------------------------------------------------------------------------------------
 
@@ -388,7 +397,7 @@ class Trainer:
             logger.warning("resume_without_checkpoint", run_dir=str(self.run_dir.path))
             self.run_dir.rewind(-1)
             return
-        self.state = TrainState.from_dict(loaded.meta["state"])
+        self.state = self.restored_state(loaded)
         self.learner.load_state_dict(loaded.state("learner"))
         if self.sft is not None and loaded.has_state("sft"):
             self.sft.load_state_dict(loaded.state("sft"))
@@ -398,6 +407,13 @@ class Trainer:
         self.run_dir.rewind(self.state.step)
         self.restored_from = str(loaded.path)
         logger.info("resumed", checkpoint=loaded.path.name, stage=self.state.stage, step=self.state.step)
+
+    def restored_state(self, loaded: Any) -> TrainState:
+        """The checkpoint's `TrainState`; a finished run resumed with a larger `run.steps` continues GRPO."""
+        state = TrainState.from_dict(loaded.meta["state"])
+        if state.stage == "done" and state.step < self.config.run.steps:
+            state.stage = "grpo"
+        return state
 
     # -- console -----------------------------------------------------------------------------------------
 
@@ -446,7 +462,18 @@ class Trainer:
         return [r for r in self.history if r["kind"] == "eval"]
 
     def finish(self) -> dict[str, Any]:
-        """The run's summary (`summary.json`): validation before/after each stage, timing, where things are."""
+        """Write the run's summary (`summary.json`, see `summary`), log it and return it."""
+        import json
+
+        from mcprl_train.rundir import _atomic_write_text
+
+        summary = self.summary()
+        _atomic_write_text(self.run_dir.path / "summary.json", json.dumps(summary, indent=2) + "\n")
+        logger.info("run_finished", **{k: v for k, v in summary.items() if v is not None})
+        return summary
+
+    def summary(self) -> dict[str, Any]:
+        """The run's summary: validation before/after each stage, timing, where things are."""
         evals = {r.get("tag"): r for r in self.evals()}
         tags = ("periodic", "final") if self.config.run.steps > 0 else ("sft", "warm_start")
         last_evals = [r for r in self.evals() if r.get("tag") in tags]
@@ -475,10 +502,4 @@ class Trainer:
             ),
             "resumed_from": self.restored_from,
         }
-        import json
-
-        from mcprl_train.rundir import _atomic_write_text
-
-        _atomic_write_text(self.run_dir.path / "summary.json", json.dumps(summary, indent=2) + "\n")
-        logger.info("run_finished", **{k: v for k, v in summary.items() if v is not None})
         return summary

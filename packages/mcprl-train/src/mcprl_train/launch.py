@@ -1,0 +1,181 @@
+"""One command for a multi-process run: ``mcprl-train --profile a100x2`` re-launches itself under torchrun.
+
+When the resolved config says ``distributed.backend=deepspeed`` and the process was not started by a
+launcher, the CLI runs ``python -m torch.distributed.run --standalone --nproc-per-node N -m mcprl_train
+<the same arguments>`` with ``N = distributed.num_gpus`` and waits for it; each worker sees the launcher's
+environment (`launched`) and trains as one rank. The launcher ends every worker when one fails.
+
+Already-launched processes are left alone, so the usual launchers work too — that is how a multi-node run
+starts (the run directory must then be on storage every node sees)::
+
+    torchrun --nnodes 2 --node-rank R --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST0:29500 \\
+        -m mcprl_train --profile a100x2 --set distributed.num_gpus=8
+    deepspeed --hostfile hosts --num_nodes 2 --num_gpus 8 --module mcprl_train --profile a100x2
+
+(The DeepSpeed launcher puts ``--local_rank=N`` before the script's arguments; the CLI drops it — the
+``LOCAL_RANK`` environment variable carries the same.)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from mcprl_train.errors import DistributedError
+
+__all__ = ["check_devices", "launch_command", "launched", "relaunch", "strip_local_rank", "train_rank"]
+
+logger = structlog.get_logger()
+
+_LAUNCHER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
+
+
+def launched(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is a worker started by torchrun / the DeepSpeed launcher (their env is set)."""
+    environ = os.environ if env is None else env
+    return all(key in environ for key in _LAUNCHER_ENV)
+
+
+def strip_local_rank(argv: Sequence[str]) -> list[str]:
+    """``argv`` without the ``--local_rank=N`` / ``--local-rank N`` the DeepSpeed launcher inserts."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--local_rank", "--local-rank"):
+            skip = True
+            continue
+        if arg.startswith(("--local_rank=", "--local-rank=")):
+            continue
+        out.append(arg)
+    return out
+
+
+def launch_command(nproc: int, argv: Sequence[str]) -> list[str]:
+    """The torchrun command that starts ``nproc`` workers of ``mcprl-train <argv>`` on this node."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "mcprl_train",
+        *argv,
+    ]
+
+
+def check_devices(nproc: int, device: str) -> None:
+    """A CUDA run needs one GPU per process.
+
+    Raises:
+        DistributedError: fewer visible GPUs than processes.
+    """
+    import torch
+
+    if device == "cpu" or not (device.startswith("cuda") or device == "auto"):
+        return
+    have = torch.cuda.device_count()
+    if device.startswith("cuda") and have < nproc:
+        raise DistributedError(
+            f"distributed.num_gpus={nproc} but {have} CUDA device(s) are visible; set "
+            f"--set distributed.num_gpus={max(1, have)} (or check CUDA_VISIBLE_DEVICES)"
+        )
+
+
+def relaunch(nproc: int, argv: Sequence[str], *, device: str = "auto") -> int:
+    """Run ``mcprl-train <argv>`` as ``nproc`` torchrun workers on this node; returns their exit code.
+
+    Raises:
+        DistributedError: not enough GPUs for ``nproc`` CUDA processes.
+    """
+    check_devices(nproc, device)
+    command = launch_command(nproc, argv)
+    logger.info("launching_workers", processes=nproc, command=" ".join(command))
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    code = subprocess.run(command, env=env, check=False).returncode
+    return code if code >= 0 else 128 - code
+
+
+def _local_device(config: Any) -> Any:
+    """``model.device`` of this worker: ``cuda`` / ``auto`` become ``cuda:<LOCAL_RANK>`` when CUDA is there."""
+    import torch
+
+    if config.model.device in ("cuda", "auto") and torch.cuda.is_available():
+        return config.replace([f"model.device=cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"])
+    return config
+
+
+def train_rank(resolve_run: Callable[[], tuple[Any, Any, bool]]) -> int:
+    """What each launched worker runs: join the process group, share the run, train as one rank.
+
+    Rank 0 resolves the run (``resolve_run``: creates the run directory or opens the one to resume) and
+    broadcasts its path, config and resume flag — or the error, which every rank then raises. Rank 0 alone
+    writes logs to ``training.log``, tracks (wandb) and writes plots; the others log warnings to stderr.
+    Returns 0; prints the summary on rank 0.
+    """
+    import json
+
+    from mcprl_train import collectives
+    from mcprl_train.config import Config
+    from mcprl_train.distributed import init_distributed
+    from mcprl_train.errors import TrainError
+    from mcprl_train.rundir import RunDir
+
+    rank, world = init_distributed()
+    shared: dict[str, Any] = {}
+    if rank == 0:
+        try:
+            config, run_dir, resume = resolve_run()
+            shared = {"path": str(run_dir.path), "config": config.to_dict(), "resume": resume}
+        except TrainError as exc:
+            shared = {"error": str(exc)}
+    shared = collectives.broadcast_object(shared)
+    if "error" in shared:
+        raise TrainError(str(shared["error"]))
+    path, resume = str(shared["path"]), bool(shared["resume"])
+    config = _local_device(Config.from_dict(shared["config"]))
+    run_dir = RunDir.open(path)
+    try:
+        summary = _train_as_rank(config, run_dir, resume=resume, rank=rank, world=world)
+    finally:
+        import torch.distributed
+
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    if rank == 0:
+        print(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    return 0
+
+
+def _train_as_rank(config: Any, run_dir: Any, *, resume: bool, rank: int, world: int) -> dict[str, Any]:
+    from mcprl_train.ds_trainer import DistributedTrainer
+    from mcprl_train.plots import write_plots
+    from mcprl_train.tracking import Tracker, configure_logging
+
+    main = rank == 0
+    configure_logging(
+        level=config.tracking.log_level if main else "warning", log_file=run_dir.log_path if main else None
+    )
+    structlog.contextvars.bind_contextvars(rank=rank)
+    logger.info("rank_started", world_size=world, device=config.model.device)
+    tracker = Tracker(config, run_dir).start() if main else None
+    try:
+        trainer = DistributedTrainer(
+            config, run_dir, resume=resume, hooks=(tracker.hook,) if tracker is not None else ()
+        )
+        return trainer.run()
+    finally:
+        if tracker is not None:
+            tracker.finish()
+            write_plots(run_dir)
