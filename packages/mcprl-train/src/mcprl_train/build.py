@@ -41,7 +41,7 @@ def build_policy(config: Any, *, source: str | None = None) -> Any:
         device = (
             "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
         )
-    return Policy.from_pretrained(
+    policy = Policy.from_pretrained(
         source or config.model.name,
         value_head=config.model.value_head,
         lora=lora,
@@ -50,6 +50,8 @@ def build_policy(config: Any, *, source: str | None = None) -> Any:
         device=device,
         gradient_checkpointing=config.model.gradient_checkpointing,
     )
+    policy.logits_chunk_size = config.optim.logits_chunk_size
+    return policy
 
 
 def build_reference(config: Any, policy: Any) -> Any:
