@@ -261,7 +261,8 @@ class _Rollout:
                 "wall_s": time.monotonic() - started,
             }
         )
-        log.info(
+        # Debug: a training step finishes hundreds of episodes; each is in the trajectories, the step is logged.
+        log.debug(
             "episode_finished",
             episode_id=self.episode_id,
             stop_reason=reason,
