@@ -313,7 +313,8 @@ class OptimConfig:
 
     ``micro_batch_tokens`` bounds one forward/backward (gradient accumulation over micro-batches);
     ``layout`` is ``packed`` (one row, block-diagonal mask: GPUs with varlen attention) or ``padded``
-    (length-sorted right-padded rows: cheaper on CPU, see `mcprl_train.forward`).
+    (length-sorted right-padded rows: cheaper on CPU, see `mcprl_train.forward`); ``logits_chunk_size`` is
+    how many token rows get their vocabulary logits at once (peak logits memory ∝ rows × vocabulary).
     """
 
     lr: float = attrs.field(default=5e-6, validator=_gt(0.0))
@@ -326,6 +327,7 @@ class OptimConfig:
     scheduler: Scheduler = "constant"
     micro_batch_tokens: int = attrs.field(default=8192, validator=_ge(16))
     layout: Literal["packed", "padded"] = "packed"
+    logits_chunk_size: int = attrs.field(default=1024, validator=_ge(1))
 
 
 @attrs.frozen(kw_only=True)

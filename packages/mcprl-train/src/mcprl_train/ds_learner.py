@@ -137,6 +137,7 @@ class DeepSpeedLearner(Learner):
         tokenizer = policy.tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.filler_token = int(pad or 0)
+        self.fillers = 0  # filler sequences added by the last `equalize`
         self.module = _EngineModule(policy, layout=self.optim_cfg.layout, with_values=with_values)
         self.engine, *_ = deepspeed.initialize(
             model=self.module,
@@ -183,8 +184,10 @@ class DeepSpeedLearner(Learner):
         if collectives.all_reduce_scalar(float(len(samples))) == 0:
             return {"optim/skipped": 1.0}
         self.policy.train()
-        micros = self.build_micro_batches(samples) if samples else []
-        return self.update_micro_batches(self.equalize(micros))
+        micros = self.equalize(self.build_micro_batches(samples) if samples else [])
+        metrics = self.update_micro_batches(micros)
+        metrics["perf/filler_sequences"] = float(self.fillers)
+        return metrics
 
     def equalize(self, micros: list[_Micro]) -> list[_Micro]:
         """Pad to the ranks' largest micro-batch count and, per index, their largest logits-chunk count."""
@@ -196,10 +199,14 @@ class DeepSpeedLearner(Learner):
             dtype=torch.float64,
         )
         targets = collectives.all_reduce_tensor(chunks, "max").long().tolist()
-        return [
-            _micro(pad_to_chunks(b, int(t), self.chunk_size, self.filler_token))
+        padded = [
+            pad_to_chunks(b, int(t), self.chunk_size, self.filler_token)
             for b, t in zip(batches, targets, strict=True)
         ]
+        self.fillers = (
+            count - len(micros) + sum(len(p) - len(b) for p, b in zip(padded, batches, strict=True))
+        )
+        return [_micro(p) for p in padded]
 
     # -- state --------------------------------------------------------------------------------------------
 

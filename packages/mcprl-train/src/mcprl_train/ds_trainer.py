@@ -231,7 +231,9 @@ class DistributedTrainer(Trainer):
         learned = self.learner.update(samples)
         metrics.update(
             collectives.mean_metrics(
-                learned, maxed=("ratio/max_abs_dev",), summed=("perf/train_tokens", "perf/micro_batches")
+                learned,
+                maxed=("ratio/max_abs_dev",),
+                summed=("perf/train_tokens", "perf/micro_batches", "perf/filler_sequences"),
             )
         )
         self.sync_sampler()
