@@ -13,11 +13,16 @@ What is here:
 - `DeepSpeedGRPO`: the policy wrapped in a DeepSpeed engine and one GRPO update (group advantages, clipped
   surrogate, token-mean) per call; every rank runs the same number of forward passes (ZeRO-3 gathers the
   parameters collectively in each one).
-- `main`: the launcher entry ``python -m mcprl_train.distributed`` running the a100x2 code path on fixed
-  token batches and reporting a hash of the full parameters per rank (used by the 2-process test).
+- `main`: the launcher entry ``python -m mcprl_train.distributed``, a bare ZeRO smoke test without a run
+  directory: GRPO steps on fixed token batches (or, with ``--rollouts``, on each rank's share of task
+  groups), reporting a hash of the full parameters per rank.
 
-Multi-node: the same entry under the DeepSpeed launcher with a hostfile
-(``deepspeed --hostfile hosts --num_nodes 2 --num_gpus 8 -m mcprl_train.distributed ...``).
+The full training loop under DeepSpeed — ``mcprl-train --profile a100x2``, with evaluation, checkpoints and
+resume — is `mcprl_train.launch` (self-relaunch under torchrun), `mcprl_train.ds_trainer` (one rank of the
+loop) and `mcprl_train.ds_learner` (the `Learner` math on the engine); they use the pieces above.
+
+Multi-node: the same entries under a launcher on every node (``deepspeed --hostfile hosts --num_nodes 2
+--num_gpus 8 --module mcprl_train --profile a100x2``; see the README).
 """
 
 from __future__ import annotations
