@@ -170,6 +170,7 @@ class Trainer:
         if self.state.stage == "sft":
             # No evaluation of the untrained model here: it cannot call a tool; "warm_start" is the baseline.
             await self.warm_start()
+            self.sync_sampler()  # the GRPO rollouts must start from the warm-started weights
             await self.evaluate("warm_start")
             self.state.stage = "grpo"
             self.checkpoint()
@@ -312,6 +313,7 @@ class Trainer:
         """Validation metrics (`val/*`) at the current step; logged with `tag` (init, warm_start, ...)."""
         if not self.val_tasks:
             return {}
+        self.sync_sampler()  # evaluations inside the warm start run between optimizer steps
         self.policy.eval()
         self.progress.work(f"validate ({tag})", total=len(self.val_tasks))
         try:
