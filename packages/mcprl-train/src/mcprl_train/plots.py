@@ -4,7 +4,7 @@
 
 - ``reward.png``: ``rollout/reward_mean`` per training step (and ``val/reward_mean`` at evaluations),
 - ``success_rate.png``: ``rollout/success_rate`` (and ``val/success_rate``),
-- ``kl.png``: ``loss/kl``,
+- ``kl.png``: ``loss/kl`` (to the reference, when ``grpo.kl_coef`` > 0) and ``kl/approx`` (to the sampling policy),
 - ``losses.png``: every ``loss/*`` key,
 - ``eval.png``: every ``val/*`` rate (success, reward, tool error rate) against the step,
 - ``sft.png``: ``sft/loss`` and ``sft/token_acc`` per warm-start step, when the run had a warm start.
@@ -94,8 +94,11 @@ def write_plots(run_dir: RunDir) -> list[Path]:
         ),
         _figure(
             out / "kl.png",
-            "KL to the reference policy",
-            [("loss/kl", series(records, "loss/kl", kind="grpo"))],
+            "KL",
+            [
+                ("to the reference (loss/kl)", series(records, "loss/kl", kind="grpo")),
+                ("to the sampling policy (kl/approx)", series(records, "kl/approx", kind="grpo")),
+            ],
         ),
         _figure(out / "losses.png", "losses", [(k, series(records, k, kind="grpo")) for k in loss_keys]),
         _figure(out / "eval.png", "validation", [(k, series(records, k, kind="eval")) for k in val_keys]),
