@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from results_md import replace_section
 
 import mcprl_tasks
 from mcprl_train.rundir import RunDir
 
 SECTION = "## demo (issue 8)"
-RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
 def teacher_success(n_tasks: int | None = None, seed: int = 0) -> tuple[float, int]:
@@ -116,17 +116,6 @@ def section(grpo: Path, sft: Path, commands: str) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    content = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    start = content.find(SECTION)
-    if start < 0:
-        content = content.rstrip("\n") + "\n\n" + text
-    else:
-        nxt = content.find("\n## ", start + len(SECTION))
-        content = content[:start] + text + ("\n" + content[nxt + 1 :] if nxt >= 0 else "")
-    RESULTS.write_text(content.rstrip("\n") + "\n")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("grpo_run", type=Path)
@@ -140,7 +129,7 @@ def main() -> None:
     text = section(args.grpo_run, args.sft_run, commands)
     print(text)
     if not args.no_write:
-        write_section(text)
+        replace_section(text)
 
 
 if __name__ == "__main__":

@@ -30,12 +30,12 @@ from typing import Any
 
 import anyio
 from mcp.server.mcpserver import MCPServer
+from results_md import replace_section
 
 from mcprl_env import Environment, iter_tasks, task_from_dict
 from mcprl_env.testing import CharTokenizer, ScriptedCompletion, ScriptedSampler
 from mcprl_tools import ToolManager
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 TARGET_MS = 5.0
 SCRIPT = [
     '<tool_call>\n{"name": "multiply", "arguments": {"a": 3, "b": 4.5}}\n</tool_call>',
@@ -161,25 +161,6 @@ def loader() -> dict[str, float]:
     return {"tasks_per_s": rate, "file_mb": size / 1e6, "peak_mb": peak / 1e6}
 
 
-def write_results(section: str) -> None:
-    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.strip() == "## bench_env"), None)
-    if start is None:
-        new = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next((j for j in range(start + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
-        new = "\n".join(
-            [
-                *lines[:start],
-                *section.rstrip("\n").splitlines(),
-                *([""] if end < len(lines) else []),
-                *lines[end:],
-            ]
-        )
-    RESULTS.write_text(new.rstrip("\n") + "\n", encoding="utf-8")
-
-
 def main() -> None:
     env = anyio.run(measure)
     load = loader()
@@ -206,7 +187,7 @@ streamed with `iter_tasks`.
 
 env_overhead_per_turn_vs_target: {ratio:.2f} (target ≤ 1, i.e. ≤ {TARGET_MS:g} ms)
 """
-    write_results(section)
+    replace_section(section)
     print(section)
     print(f"env_overhead_per_turn_vs_target: {ratio:.2f}")
 

@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 
 import torch
+from results_md import replace_section
 
 from mcprl_grpo import aggregate_loss, clipped_surrogate_loss, expand_to_tokens, group_advantages, token_kl
 
 TOKENS, GROUP, MIN_LEN, MAX_LEN = 1 << 20, 8, 64, 256
 EPS_LOW, EPS_HIGH, DUAL, BETA = 0.2, 0.28, 3.0, 0.01
-RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
 def make_batch(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -120,27 +120,6 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def write_results(section: str) -> None:
-    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.strip() == "## bench_grpo"), None)
-    if start is None:
-        new = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next((j for j in range(start + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
-        new = "\n".join(
-            [
-                *lines[:start],
-                *section.rstrip("\n").splitlines(),
-                *([""] if end < len(lines) else []),
-                *lines[end:],
-            ]
-        )
-    tmp = RESULTS.with_suffix(".md.tmp")
-    tmp.write_text(new.rstrip("\n") + "\n", encoding="utf-8")
-    os.replace(tmp, RESULTS)
-
-
 def main() -> None:
     b = make_batch()
     tokens = int(b["mask"].numel())
@@ -201,7 +180,7 @@ def main() -> None:
             "",
         ]
     )
-    write_results(section)
+    replace_section(section)
     print(f"grpo_vectorized_speedup: {speedup:.1f}")
 
 

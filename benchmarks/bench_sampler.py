@@ -18,16 +18,14 @@ import datetime as dt
 import os
 import platform
 import random
-import re
 import time
-from pathlib import Path
 
 import anyio
 import torch
+from results_md import replace_section
 
 from mcprl_policy import HFSampler, Policy, SamplingParams
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 TURNS = 3
 NEW_TOKENS = 24
 
@@ -136,16 +134,6 @@ def bench_training_forward(policy: Policy, repeats: int = 3) -> tuple[float, flo
     return rates[0], rates[1], n_tokens
 
 
-def write_section(text: str) -> None:
-    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(r"^## bench_sampler\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: text, current)
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(updated)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
@@ -193,7 +181,7 @@ def main() -> None:
     ]
     text = "\n".join(lines)
     if not args.no_write:
-        write_section(text)
+        replace_section(text)
     print(text.rstrip("\n").split("\n\n", 1)[1])
     print(f"packed_vs_padded_training_forward: {packed_rate / padded_rate:.2f}")
     print(f"dynamic_batching_speedup: {speedup:.2f}")

@@ -17,14 +17,13 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any, cast
 
 import anyio
 from mcp import Client, StdioServerParameters
 from mcp.types import RequestParamsMeta
+from results_md import replace_section
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 SERIAL, CONCURRENT, IN_FLIGHT, TARGET_MS = 200, 640, 32, 10.0
 CALLS: dict[str, tuple[str, dict[str, Any]]] = {
     "calculator": ("calculate", {"expression": "round(49.53 / 13.05 * 3, 2)"}),
@@ -66,21 +65,6 @@ async def _measure(server: str) -> dict[str, float]:
     return {"start_s": start_s, "p50": statistics.median(lat), "p95": lat[int(0.95 * len(lat))], "rate": rate}
 
 
-def write_results(section: str) -> None:
-    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.strip() == "## bench_servers"), None)
-    if start is None:
-        new = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next((j for j in range(start + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
-        tail = [""] if end < len(lines) else []
-        new = "\n".join([*lines[:start], *section.rstrip("\n").splitlines(), *tail, *lines[end:]])
-    tmp = RESULTS.with_suffix(".md.tmp")
-    tmp.write_text(new.rstrip("\n") + "\n", encoding="utf-8")
-    os.replace(tmp, RESULTS)
-
-
 def main() -> None:
     rows = {name: anyio.run(_measure, name) for name in CALLS}
     slowest = max(r["p50"] for r in rows.values())
@@ -105,7 +89,7 @@ spawn + initialize + list_tools, then {SERIAL} serial calls, then {CONCURRENT} c
 
 slowest_p50_vs_target: {slowest / TARGET_MS:.2f} (target ≤ 1, i.e. p50 ≤ {TARGET_MS:.0f} ms)
 """
-    write_results(section)
+    replace_section(section)
     print(section)
     print(f"slowest_p50_vs_target: {slowest / TARGET_MS:.2f}")
 

@@ -31,10 +31,10 @@ from typing import Any
 
 import anyio
 from mcp import Client, StdioServerParameters
+from results_md import replace_section
 
 from mcprl_tools import ServersConfig, ToolManager
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 SERVER = """
 from mcp.server.mcpserver import MCPServer
 
@@ -158,27 +158,6 @@ def _ms(values: list[float], q: float = 0.5) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
 
 
-def write_results(section: str) -> None:
-    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.strip() == "## bench_tools"), None)
-    if start is None:
-        new = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next((j for j in range(start + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
-        new = "\n".join(
-            [
-                *lines[:start],
-                *section.rstrip("\n").splitlines(),
-                *([""] if end < len(lines) else []),
-                *lines[end:],
-            ]
-        )
-    tmp = RESULTS.with_suffix(".md.tmp")
-    tmp.write_text(new.rstrip("\n") + "\n", encoding="utf-8")
-    os.replace(tmp, RESULTS)
-
-
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "bench_server.py"
@@ -233,7 +212,7 @@ the manager adds on the client side.
 
 pooled_vs_spawn_speedup: {speedup:.1f} (target ≥ 100)
 """
-    write_results(section)
+    replace_section(section)
     print(section.split("\n", 2)[2])
     print(
         f"manager_overhead_p50_ms: stdio {overhead:.3f}, stdio paired {paired:.3f}, in-process paired {in_paired:.3f}"
