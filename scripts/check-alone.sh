@@ -4,8 +4,9 @@
 # hypothesis beside them, and run the package's tests against the installed wheel (not the source tree).
 # Versions are pinned to uv.lock (exported as constraints), so this reuses uv's cache instead of resolving anew.
 #
-# usage: scripts/check-alone.sh PACKAGE [INTERNAL_DEP ...]
+# usage: [EXTRAS=a,b] scripts/check-alone.sh PACKAGE [INTERNAL_DEP ...]
 #   e.g. scripts/check-alone.sh mcprl-env mcprl-tools
+#        EXTRAS=deepspeed scripts/check-alone.sh mcprl-train mcprl-grpo mcprl-tools ...
 set -euo pipefail
 pkg=$1; shift
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,7 +22,7 @@ uv export --quiet --locked --all-packages --all-extras --no-emit-workspace --no-
 grep -v -E '^(vllm|xformers|flashinfer)' "$tmp/constraints.txt" > "$tmp/c.txt"
 uv venv --quiet --python 3.11 "$tmp/venv"
 UV_COMPILE_BYTECODE=0 uv pip install --quiet --python "$tmp/venv/bin/python" --find-links "$tmp/dist" -c "$tmp/c.txt" \
-  "$pkg" pytest hypothesis pytest-timeout
+  "$pkg${EXTRAS:+[$EXTRAS]}" pytest hypothesis pytest-timeout
 # The package must be imported from the wheel: run from a directory outside the workspace.
 cd "$tmp"
 pkg_mod=${pkg//-/_}
