@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,10 @@ from mcprl_train.config import Config
 from mcprl_train.errors import TrackingError
 from mcprl_train.rundir import RunDir
 from mcprl_train.tracking import Tracker, configure_logging, resolve_wandb_mode
+
+_HINT = "the tracking extra is not installed: pip install 'mcprl-train[tracking]'"
+needs_wandb = pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason=_HINT)
+needs_weave = pytest.mark.skipif(importlib.util.find_spec("weave") is None, reason=_HINT)
 
 
 @pytest.fixture(autouse=True)
@@ -73,6 +78,7 @@ def test_weave_without_a_key_is_a_clear_error(tmp_path: Path) -> None:
         Tracker(config, run_dir).start(env={})
 
 
+@needs_weave
 def test_disabled_weave_traces_episodes_as_plain_calls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -92,6 +98,7 @@ def test_disabled_weave_traces_episodes_as_plain_calls(
     tracker.finish()
 
 
+@needs_wandb
 def test_offline_wandb_receives_the_trainer_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
