@@ -26,17 +26,20 @@ SHORT = [
     "--set", "run.steps=12",
     "--set", "run.checkpoint_every=6",
     "--set", "eval.every=0",
-    "--set", "eval.n_tasks=160",
+    "--set", "eval.n_tasks=320",
     "--set", "eval.greedy=false",
     "--set", "tracking.wandb=disabled",
 ]  # fmt: skip
 
 # Validation reward after GRPO minus after the warm start, both sampled at the training temperature (after 150
 # warm-start steps greedy decoding barely moves in 12 GRPO steps; the sampled policy, which GRPO trains, does).
-# The recorded run of exactly this command (OMP_NUM_THREADS=1, seed 0; benchmarks/RESULTS.md, "## demo
-# (issue 8)") went from 0.063 to 0.147 (+0.084) while the training reward rose step by step from 0.057 to
-# 0.148; the standard error of a 160-task mean here is ~0.01.
-MIN_REWARD_GAIN = 0.04
+# Recorded runs of this command with two GRPO settings near the profile's (Dr.GRPO, one update per batch), 160
+# validation tasks: +0.084 (0.063 -> 0.147, std-normalised GRPO) and +0.055 (0.097 -> 0.152, Dr.GRPO with 4
+# minibatches); the training reward rose step by step in both (benchmarks/RESULTS.md, "## demo (issue 8)"). Sampled evaluation is not bit-reproducible
+# (which requests share a decode batch depends on timing), and the same warm-start weights scored 0.063 and 0.097:
+# the standard error of a 160-task mean is ~0.012, so the test scores 320 tasks (~0.009) and asks for +0.025,
+# about 2.5 standard errors of the difference (~0.012) below the smaller recorded gain.
+MIN_REWARD_GAIN = 0.025
 
 PROMISED = [
     "config.yaml",
