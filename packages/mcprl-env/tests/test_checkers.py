@@ -6,6 +6,7 @@ import pytest
 from env_testkit import make_task
 
 from mcprl_env import check_outcome, extract_number, normalize_text
+from mcprl_env.checkers import mentions
 from mcprl_tools import ToolManager
 
 pytestmark = pytest.mark.anyio
@@ -60,3 +61,20 @@ async def test_an_unreachable_state_server_is_an_infra_error_not_a_wrong_answer(
     assert not result.correct
     # An unknown tool is the manager's tool_error (not infra): the check just fails.
     assert result.infra_error is None
+
+
+@pytest.mark.parametrize(
+    ("text", "needle", "expected"),
+    [
+        ("ACME is at 3.2 today", "3.2", True),
+        ("ACME is at 3.2.", "3.2", True),
+        ("price: $3.2", "3.2", True),
+        ("ACME is at 3.25", "3.2", False),
+        ("ACME is at 13.2", "3.2", False),
+        ("3.23.2", "3.2", False),
+        ("posted PRICE 12 now", "price 12", True),
+        ("PRICE 120", "price 12", False),
+    ],
+)
+def test_message_needles_match_whole_words_and_numbers(text: str, needle: str, expected: bool) -> None:
+    assert mentions(text, needle) is expected

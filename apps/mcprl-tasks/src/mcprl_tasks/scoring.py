@@ -44,9 +44,11 @@ def demo_succeeds(task: dict[str, Any], messages: list[Message]) -> bool:
     """Whether a script satisfies the task's checker (numeric, exact, contains or message_posted)."""
     checker = task["checker"]
     if checker["type"] == "message_posted":
-        needle = checker["contains"].lower()
+        # Whole word or number, as mcprl_env's checker scores it (``3.2`` is not in ``3.25``).
+        pattern = rf"(?<![\w.]){re.escape(checker['contains'])}(?!\w|\.\d)"
         return any(
-            ch == checker["channel"] and needle in text.lower() for ch, text in posted_messages(messages)
+            ch == checker["channel"] and re.search(pattern, text, flags=re.IGNORECASE) is not None
+            for ch, text in posted_messages(messages)
         )
     answer = final_answer(messages)
     if answer is None:

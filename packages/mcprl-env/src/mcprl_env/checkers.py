@@ -56,6 +56,18 @@ def extract_number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def mentions(text: str, needle: str) -> bool:
+    """Whether ``text`` contains ``needle`` as a whole word or number (case-insensitive).
+
+    A bare substring test would accept ``3.2`` inside ``3.25`` or ``13.2``, and a policy could be paid for posting
+    a string of digits; here the needle may not continue a word, a number or a decimal part on either side.
+    """
+    if not needle:
+        return True
+    pattern = rf"(?<![\w.]){re.escape(needle)}(?!\w|\.\d)"
+    return re.search(pattern, text, flags=re.IGNORECASE) is not None
+
+
 def _texts(value: object) -> list[str]:
     """Every string under a ``text``/``content``/``message`` key, recursively."""
     match value:
@@ -87,8 +99,7 @@ async def _check_message_posted(
         messages = _texts(json.loads(result.text))
     except json.JSONDecodeError:
         messages = [result.text]
-    needle = checker.contains.casefold()
-    return CheckResult(correct=any(needle in m.casefold() for m in messages))
+    return CheckResult(correct=any(mentions(m, checker.contains) for m in messages))
 
 
 async def check_outcome(
