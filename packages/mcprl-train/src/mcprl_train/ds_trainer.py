@@ -51,7 +51,6 @@ from mcprl_train.ds_learner import DeepSpeedLearner, load_full_state
 from mcprl_train.errors import DistributedError
 from mcprl_train.evaluate import evaluate_tasks, evaluation_metrics
 from mcprl_train.progress import RunProgress
-from mcprl_train.rollout import check_invalid_rate, rollout_metrics
 from mcprl_train.rundir import RunDir
 from mcprl_train.trainer import Hook, Trainer
 
@@ -185,78 +184,23 @@ class DistributedTrainer(Trainer):
 
     # -- a step -------------------------------------------------------------------------------------------
 
+    def step_sampler(self, step: int) -> None:
+        self.sampler = build.build_sampler(self.config, self.replica, seed=self.rank_seed(step))
+
     async def collect_all(self, tasks: list[Any], step: int, round_: int) -> tuple[list[Any], list[Any]]:
         """Run this rank's share of ``tasks``; returns ``(this rank's groups, every rank's groups)``."""
         mine = await self.collect(shard_groups(tasks, self.rank, self.world), step, round_=round_)
         everyone = [g for part in collectives.all_gather_objects(mine) for g in part]
         return mine, everyone
 
-    async def grpo_step(self) -> dict[str, float]:
-        """Collect (sharded, with a shared back-fill decision), learn on this rank's groups, sync replicas."""
-        assert self.stream is not None
-        assert self.learner is not None
-        cfg = self.config
-        step = self.state.step + 1
-        t0 = time.perf_counter()
-        tasks = self.stream.take(cfg.grpo.tasks_per_step)
-        self.sampler = build.build_sampler(cfg, self.replica, seed=self.rank_seed(step))
-        self.last_step_tasks = [t.id for t in tasks]
-        self.emit("before_rollout")
-        mine, everyone = await self.collect_all(tasks, step, 0)
-        invalid_rate = check_invalid_rate(everyone, cfg.run.max_invalid_rate)
-        _, adv = self.learner.prepare(everyone)
-        rounds = 0
-        while cfg.grpo.filter_zero_std and rounds < cfg.grpo.backfill_rounds:
-            missing = cfg.grpo.tasks_per_step - int(adv["adv/groups"] * (1.0 - adv["adv/zero_std_frac"]))
-            if missing <= 0:
-                break
-            rounds += 1
-            extra_tasks = self.stream.take(missing)
-            self.last_step_tasks += [t.id for t in extra_tasks]
-            extra_mine, extra_all = await self.collect_all(extra_tasks, step, rounds)
-            check_invalid_rate(extra_all, cfg.run.max_invalid_rate)
-            mine += extra_mine
-            everyone += extra_all
-            _, adv = self.learner.prepare(everyone)
-        samples, _ = self.learner.prepare(mine)
-        t_collect = time.perf_counter() - t0
-        self.emit("after_rollout")
-        self.state.position = self.stream.position
-        metrics = rollout_metrics(everyone)
-        metrics.update(adv)
-        metrics["rollout/invalid_rate"] = invalid_rate
-        metrics["adv/backfill_rounds"] = float(rounds)
-        t1 = time.perf_counter()
-        self.progress.work_done()
-        learned = self.learner.update(samples)
-        metrics.update(
-            collectives.mean_metrics(
-                learned,
-                maxed=("ratio/max_abs_dev",),
-                summed=("perf/train_tokens", "perf/micro_batches", "perf/filler_sequences"),
-            )
+    def update_metrics(self, learned: dict[str, float]) -> dict[str, float]:
+        """This rank's update metrics averaged over the ranks (maxima and totals where those are meant)."""
+        metrics = collectives.mean_metrics(
+            learned,
+            maxed=("ratio/max_abs_dev",),
+            summed=("perf/train_tokens", "perf/micro_batches", "perf/filler_sequences"),
         )
-        self.sync_sampler()
-        if cfg.run.ref_sync_every and step % cfg.run.ref_sync_every == 0:
-            self.learner.sync_reference()
-        self.emit("after_update")
-        self.state.step = step
-        elapsed = time.perf_counter() - t0
-        n_tokens = sum(len(e.token_ids) for g in everyone for e in g.episodes)
-        metrics.update(
-            {
-                "perf/collect_s": t_collect,
-                "perf/learn_s": time.perf_counter() - t1,
-                "perf/step_s": elapsed,
-                "perf/tokens_per_s": n_tokens / max(1e-9, elapsed),
-                "perf/world_size": float(self.world),
-                "time/elapsed_s": self.elapsed(),
-            }
-        )
-        self.log_metrics("grpo", step, metrics)
-        self.write_trajectories(step, everyone)
-        self.live_line(step, metrics)
-        self.emit("after_step")
+        metrics["perf/world_size"] = float(self.world)
         return metrics
 
     async def evaluate(self, tag: str) -> dict[str, float]:

@@ -225,22 +225,23 @@ class Trainer:
         return per_epoch * cfg.epochs
 
     async def grpo_step(self) -> dict[str, float]:
-        """Collect `tasks_per_step` groups (back-filling zero-variance ones), learn, sync the sampler."""
+        """Collect `tasks_per_step` groups (back-filling zero-variance ones), learn, sync the sampler.
+
+        A sharded subclass overrides the three hooks `step_sampler`, `collect_all` and `update_metrics`; the
+        back-fill decision is always taken on every rank's groups, the update on this process's own.
+        """
         assert self.stream is not None
         assert self.learner is not None
         cfg = self.config
         step = self.state.step + 1
         t0 = time.perf_counter()
         tasks = self.stream.take(cfg.grpo.tasks_per_step)
-        if cfg.sampler.backend == "hf":
-            # A fresh generator per step: step k samples alike in a resumed and an uninterrupted run.
-            self.sampler = build.build_sampler(cfg, self.policy, seed=build.step_seed(cfg.run.seed, step))
+        self.step_sampler(step)
         self.last_step_tasks = [t.id for t in tasks]
         self.emit("before_rollout")
-        groups = await self.collect(tasks, step, round_=0)
-        invalid_rate = check_invalid_rate(groups, cfg.run.max_invalid_rate)
-        all_groups = list(groups)
-        samples, adv = self.learner.prepare(groups)
+        mine, everyone = await self.collect_all(tasks, step, 0)
+        invalid_rate = check_invalid_rate(everyone, cfg.run.max_invalid_rate)
+        samples, adv = self.learner.prepare(everyone)
         rounds = 0
         while cfg.grpo.filter_zero_std and rounds < cfg.grpo.backfill_rounds:
             kept = int(adv["adv/groups"] * (1.0 - adv["adv/zero_std_frac"]))
@@ -250,41 +251,61 @@ class Trainer:
             rounds += 1
             extra_tasks = self.stream.take(missing)
             self.last_step_tasks += [t.id for t in extra_tasks]
-            extra = await self.collect(extra_tasks, step, round_=rounds)
-            check_invalid_rate(extra, cfg.run.max_invalid_rate)
-            all_groups += extra
-            samples, adv = self.learner.prepare(all_groups)
+            extra_mine, extra_all = await self.collect_all(extra_tasks, step, rounds)
+            check_invalid_rate(extra_all, cfg.run.max_invalid_rate)
+            mine, everyone = [*mine, *extra_mine], [*everyone, *extra_all]
+            samples, adv = self.learner.prepare(everyone)
+        if len(mine) != len(everyone):  # sharded: learn on this process's groups only
+            samples, _ = self.learner.prepare(mine)
         t_collect = time.perf_counter() - t0
         self.emit("after_rollout")
         self.state.position = self.stream.position
-        metrics = rollout_metrics(all_groups)
+        metrics = rollout_metrics(everyone)
         metrics.update(adv)
         metrics["rollout/invalid_rate"] = invalid_rate
         metrics["adv/backfill_rounds"] = float(rounds)
         t1 = time.perf_counter()
         self.progress.work_done()
-        metrics.update(self.learner.update(samples))
+        metrics.update(self.update_metrics(self.learner.update(samples)))
         self.sync_sampler()
         if cfg.run.ref_sync_every and step % cfg.run.ref_sync_every == 0:
             self.learner.sync_reference()
         self.emit("after_update")
         t_learn = time.perf_counter() - t1
         self.state.step = step
-        n_tokens = sum(len(e.token_ids) for g in all_groups for e in g.episodes)
+        elapsed = time.perf_counter() - t0
+        n_tokens = sum(len(e.token_ids) for g in everyone for e in g.episodes)
         metrics.update(
             {
                 "perf/collect_s": t_collect,
                 "perf/learn_s": t_learn,
-                "perf/step_s": time.perf_counter() - t0,
-                "perf/tokens_per_s": n_tokens / max(1e-9, time.perf_counter() - t0),
+                "perf/step_s": elapsed,
+                "perf/tokens_per_s": n_tokens / max(1e-9, elapsed),
                 "time/elapsed_s": self.elapsed(),
             }
         )
         self.log_metrics("grpo", step, metrics)
-        self.write_trajectories(step, all_groups)
+        self.write_trajectories(step, everyone)
         self.live_line(step, metrics)
         self.emit("after_step")
         return metrics
+
+    def step_sampler(self, step: int) -> None:
+        """The rollout sampler of GRPO step ``step``."""
+        if self.config.sampler.backend == "hf":
+            # A fresh generator per step: step k samples alike in a resumed and an uninterrupted run.
+            self.sampler = build.build_sampler(
+                self.config, self.policy, seed=build.step_seed(self.config.run.seed, step)
+            )
+
+    async def collect_all(self, tasks: list[Any], step: int, round_: int) -> tuple[list[Any], list[Any]]:
+        """``(this process's groups, every process's groups)`` of ``tasks``: the same groups in one process."""
+        groups = await self.collect(tasks, step, round_=round_)
+        return groups, groups
+
+    def update_metrics(self, learned: dict[str, float]) -> dict[str, float]:
+        """The learner's metrics as logged (a sharded subclass reduces them over the processes)."""
+        return learned
 
     async def collect(self, tasks: list[Any], step: int, *, round_: int) -> list[Any]:
         cfg = self.config
