@@ -92,6 +92,21 @@ def _assert_same(test: str, hf: list[Completion], vl: list[Completion]) -> None:
     _record(test, diff)
 
 
+async def _sample_concurrently(
+    sampler: VLLMSampler, prompt: list[int], n: int, max_new_tokens: int
+) -> list[Completion]:
+    """``n`` concurrent requests for the same prompt (a GRPO group), gathered by the sampler."""
+    results: list[Completion] = []
+
+    async def one() -> None:
+        results.append(await sampler.sample(prompt, max_new_tokens=max_new_tokens))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(n):
+            tg.start_soon(one)
+    return results
+
+
 @pytest.mark.vllm
 @needs_vllm
 def test_vllm_greedy_equals_hf_greedy_after_full_weight_sync(tiny_dir: Path) -> None:
@@ -158,18 +173,7 @@ def test_vllm_sampling_logprobs_match_forward_groups_differ_and_engine_is_shared
     sampler = VLLMSampler(policy, params, engine_kwargs=ENGINE)
     prompt = _prompts(policy)[0]
 
-    async def group(s: VLLMSampler) -> list[Completion]:
-        results: list[Completion] = []
-
-        async def one() -> None:
-            results.append(await s.sample(prompt, max_new_tokens=16))
-
-        async with anyio.create_task_group() as tg:
-            for _ in range(8):
-                tg.start_soon(one)
-        return results
-
-    completions = anyio.run(group, sampler)
+    completions = anyio.run(_sample_concurrently, sampler, prompt, 8, 16)
     # A GRPO group: the same prompt eight times, one batched call, different samples.
     assert sampler.generate_calls == 1
     assert len({tuple(c.token_ids) for c in completions}) > 1
@@ -198,17 +202,6 @@ def test_vllm_seeded_sampling_survives_chunked_prefill(tiny_dir: Path) -> None:
     sampler = VLLMSampler(policy, SamplingParams(temperature=1.0, seed=0), engine_kwargs=engine)
     prompt = _prompts(policy)[0] * 3
 
-    async def run() -> list[Completion]:
-        results: list[Completion] = []
-
-        async def one() -> None:
-            results.append(await sampler.sample(prompt, max_new_tokens=8))
-
-        async with anyio.create_task_group() as tg:
-            for _ in range(8):
-                tg.start_soon(one)
-        return results
-
-    completions = anyio.run(run)
+    completions = anyio.run(_sample_concurrently, sampler, prompt, 8, 8)
     assert len(completions) == 8
     assert all(len(c.logprobs) == len(c.token_ids) > 0 for c in completions)
