@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from mcprl_servers.corpus import CORPUS_SEED, EVENT_KINDS, corpus_bytes, generate_corpus, load_corpus
+from mcprl_servers.corpus import CORPUS_COMPANIES, CORPUS_SEED, EVENT_KINDS, corpus_bytes, generate_corpus, load_corpus
 from mcprl_servers.fixture import load_fixture
 
 
@@ -20,7 +20,9 @@ def test_corpus_has_a_few_hundred_documents_with_unique_ids() -> None:
 
 def test_every_company_has_an_overview_earnings_and_events() -> None:
     docs = load_corpus()
-    for symbol in load_fixture()["companies"]:
+    described = list(load_fixture()["companies"])[:CORPUS_COMPANIES]
+    assert {d["meta"]["symbol"] for d in docs if "symbol" in d["meta"]} == set(described)
+    for symbol in described:
         kinds = [d["meta"]["kind"] for d in docs if d["meta"].get("symbol") == symbol]
         assert kinds.count("overview") == 1
         assert kinds.count("earnings") == 3

@@ -31,7 +31,8 @@ def test_demo_preset_is_small_short_and_large_enough() -> None:
         symbols.update(params["symbols"])
         if "k" in params:
             assert 2 <= params["k"] <= 9
-    assert 20 <= len(symbols) <= 30
+    # Enough symbols that a model cannot memorise prices: it has to copy them from the tool's answer.
+    assert len(symbols) >= 150
 
 
 def test_presets_files_are_json_arrays() -> None:

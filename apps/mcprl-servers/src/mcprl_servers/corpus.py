@@ -18,9 +18,12 @@ from typing import Any
 from mcprl_servers.errors import FixtureError
 from mcprl_servers.fixture import load_fixture
 
-__all__ = ["CORPUS_SEED", "EVENT_KINDS", "corpus_bytes", "generate_corpus", "load_corpus"]
+__all__ = ["CORPUS_COMPANIES", "CORPUS_SEED", "EVENT_KINDS", "corpus_bytes", "generate_corpus", "load_corpus"]
 
 CORPUS_SEED = 7
+# The corpus describes the fixture's first companies only (the fixture grew to 200 for the demo's tasks; the
+# search tasks and their shipped presets were written against these 40).
+CORPUS_COMPANIES = 40
 _FILE = "search_corpus.json"
 EVENT_KINDS: tuple[str, ...] = ("acquisition", "facility", "cfo", "partnership", "product")
 _EVENTS_PER_COMPANY = 2
@@ -149,7 +152,7 @@ def generate_corpus(seed: int = CORPUS_SEED, fixture: dict[str, Any] | None = No
     """
     data = fixture if fixture is not None else load_fixture()
     rng = random.Random(seed)
-    companies = list(data["companies"].values())
+    companies = list(data["companies"].values())[:CORPUS_COMPANIES]
     names = [c["profile"]["name"] for c in companies]
     docs: list[dict[str, Any]] = []
     for company in companies:

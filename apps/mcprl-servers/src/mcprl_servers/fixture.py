@@ -30,7 +30,7 @@ __all__ = [
 FIXTURE_SEED = 20261122
 FIXTURE_START = dt.date(2025, 1, 2)
 FIXTURE_END = dt.date(2025, 12, 31)
-N_COMPANIES = 40
+N_COMPANIES = 200
 _FISCAL_YEARS = (2022, 2023, 2024)
 _FILE = "finance_fixture.json"
 

@@ -38,8 +38,8 @@ PRESETS: dict[str, Preset] = {
         n_train=4000,
         n_val=800,
         families=DEMO_FAMILIES,
-        universe=lambda: Universe.first(24, style="short"),
-        description="Short prompts over 24 symbols: quote, quote_mul, quote_ratio, post_quote (for the tiny model).",
+        universe=lambda: Universe.first(200, style="short"),
+        description="Short prompts over 200 symbols: quote, quote_mul, quote_ratio, post_quote (for the tiny model).",
     ),
     "default": Preset(
         seed=1,

@@ -1,7 +1,8 @@
 """The compact Qwen/Hermes-style chat template shipped with the embedded tiny model.
 
-Tools are rendered one line each (``name(arg1, arg2): short description``) inside the system turn, so a
-model with a few million parameters can read them; assistant tool calls become
+Tools are rendered one line each, name and argument names only (``name(arg1, arg2)``), inside the system
+turn: a model with a few million parameters cannot use a description, and descriptions made up two thirds of
+every demo episode's tokens (the cost of every forward pass); assistant tool calls become
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; ``role: tool`` messages become one
 ``<tool_response>`` user turn each. The template is *prefix-stable*: rendering a longer conversation starts
 with the rendering of any shorter prefix of it (with ``add_generation_prompt=True``) followed by the
@@ -36,9 +37,6 @@ _RAW_TEMPLATE = (
     "{% set props = fn.parameters.properties if fn.parameters is defined and fn.parameters.properties is defined"
     " else {} %}"
     "\n{{ fn.name }}({{ props.keys() | join(', ') }})"
-    "{% if fn.description is defined and fn.description %}"
-    ": {{ fn.description.strip().split('\\n')[0] }}"
-    "{% endif %}"
     "{% endfor %}"
     '\n\nCall tools as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
     " Give the final answer as <answer>...</answer>."

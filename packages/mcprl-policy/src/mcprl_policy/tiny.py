@@ -19,7 +19,7 @@ from typing import Final
 import attrs
 import structlog
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from mcprl_policy.chat_template import CHAT_TEMPLATE
@@ -38,7 +38,7 @@ __all__ = [
 _log = structlog.get_logger()
 
 # Bump when the builder changes in a way that changes the produced bytes.
-_BUILDER_VERSION: Final = 1
+_BUILDER_VERSION: Final = 2
 
 # Control tokens: skipped when decoding with skip_special_tokens=True.
 _CONTROL_TOKENS: Final = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -80,6 +80,7 @@ class TinyPreset:
 
 TINY_PRESETS: Final[dict[str, TinyPreset]] = {
     "tiny": TinyPreset(),
+    "tiny-deep": TinyPreset(num_hidden_layers=4),
     "tiny-4m": TinyPreset(hidden_size=256, num_hidden_layers=4, intermediate_size=1024),
 }
 
@@ -152,6 +153,7 @@ def build_tiny_tokenizer(corpus: Sequence[str], *, vocab_size: int = 2048) -> Pr
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.Split(Regex("[A-Z]"), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ]
     )
