@@ -80,7 +80,6 @@ class TinyPreset:
 
 TINY_PRESETS: Final[dict[str, TinyPreset]] = {
     "tiny": TinyPreset(),
-    "tiny-deep": TinyPreset(num_hidden_layers=4),
     "tiny-4m": TinyPreset(hidden_size=256, num_hidden_layers=4, intermediate_size=1024),
 }
 
