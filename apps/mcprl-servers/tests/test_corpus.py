@@ -2,7 +2,14 @@ from __future__ import annotations
 
 from importlib import resources
 
-from mcprl_servers.corpus import CORPUS_COMPANIES, CORPUS_SEED, EVENT_KINDS, corpus_bytes, generate_corpus, load_corpus
+from mcprl_servers.corpus import (
+    CORPUS_COMPANIES,
+    CORPUS_SEED,
+    EVENT_KINDS,
+    corpus_bytes,
+    generate_corpus,
+    load_corpus,
+)
 from mcprl_servers.fixture import load_fixture
 
 

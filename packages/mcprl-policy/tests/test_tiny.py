@@ -83,7 +83,9 @@ def test_special_and_markup_tokens_are_single_ids(tiny_dir: Path) -> None:
 def test_chat_template_renders_tools_compactly_and_calls_hermes_style(tiny_dir: Path) -> None:
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     text = tok.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
-    assert text.startswith("<|im_start|>system\nAnswer with tools.\n\n# Tools\nget_quote(symbol)\ncalculate(expression)\n")
+    assert text.startswith(
+        "<|im_start|>system\nAnswer with tools.\n\n# Tools\nget_quote(symbol)\ncalculate(expression)\n"
+    )
     assert "Latest price" not in text
     assert '<tool_call>{"name": "get_quote", "arguments": {"symbol": "ACME"}}</tool_call><|im_end|>\n' in text
     assert (

@@ -11,7 +11,8 @@ from mcprl_train.forward import policy_forward
 def test_padded_and_packed_layouts_give_the_same_token_outputs() -> None:
     policy = Policy.from_pretrained("tiny", value_head=True)
     g = torch.Generator().manual_seed(0)
-    seqs = [torch.randint(10, 1000, (int(n),), generator=g).tolist() for n in (7, 31, 2, 18)]
+    vocab = policy.model.config.vocab_size
+    seqs = [torch.randint(10, vocab, (int(n),), generator=g).tolist() for n in (7, 31, 2, 18)]
     with torch.no_grad():
         a = policy_forward(policy, seqs, temperature=0.7, values=True, layout="packed")
         b = policy_forward(policy, seqs, temperature=0.7, values=True, layout="padded")

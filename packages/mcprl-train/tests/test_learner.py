@@ -148,6 +148,8 @@ def test_a_loss_without_trainable_gradient_is_diagnosed(policy_state: Any) -> No
 def test_check_ratio_health_names_the_missing_gradient() -> None:
     check_ratio_health(0.0, grad_norm=0.0, optimizer_steps=0)  # before any step: nothing to check
     check_ratio_health(1e-3, grad_norm=1.0, optimizer_steps=2)
+    # Every advantage of the previous minibatch was 0 (uniform rewards): no gradient is the right outcome.
+    check_ratio_health(0.0, grad_norm=0.0, optimizer_steps=1, signal=False)
     with pytest.raises(RatioHealthError, match="no trainable parameter received gradient"):
         check_ratio_health(0.0, grad_norm=0.0, optimizer_steps=1)
     with pytest.raises(RatioHealthError, match="did not change the weights"):

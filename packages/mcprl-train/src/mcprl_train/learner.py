@@ -128,13 +128,20 @@ def warmup_lambda(warmup_steps: int, total_steps: int, schedule: str) -> Any:
     return fn
 
 
-def check_ratio_health(max_abs_dev: float, *, grad_norm: float, optimizer_steps: int) -> None:
+def check_ratio_health(
+    max_abs_dev: float, *, grad_norm: float, optimizer_steps: int, signal: bool = True
+) -> None:
     """Stop when ratios are exactly 1 after an optimizer step: the update changed nothing the forward reads.
+
+    ``signal`` says whether the previous optimizer step had anything to learn from (a non-zero advantage on a
+    trained token); a minibatch of groups whose rewards are all equal legitimately yields no gradient.
 
     Raises:
         RatioHealthError: with a diagnosis naming the likely cause.
     """
     if optimizer_steps == 0 or max_abs_dev != 0.0:
+        return
+    if grad_norm == 0.0 and not signal:
         return
     if grad_norm == 0.0 or not math.isfinite(grad_norm):
         cause = (
@@ -345,6 +352,7 @@ class Learner:
         acc: dict[str, list[float]] = {}
         steps = 0
         grad_norm = float("nan")
+        signal = True
         for _epoch in range(self.grpo.ppo_epochs):
             for mb in split_minibatches(len(micros), self.grpo.minibatches, self.rng):
                 group = [micros[i] for i in mb]
@@ -361,7 +369,10 @@ class Learner:
                     for k, v in stats.items():
                         acc.setdefault(k, []).append(v)
                 if self.recompute_old:
-                    check_ratio_health(self.reduce_max(max_dev), grad_norm=grad_norm, optimizer_steps=steps)
+                    check_ratio_health(
+                        self.reduce_max(max_dev), grad_norm=grad_norm, optimizer_steps=steps, signal=signal
+                    )
+                signal = self.reduce_max(max(float((m.adv * m.mask).abs().max()) for m in group)) > 0.0
                 grad_norm = self.optimizer_step()
                 acc.setdefault("optim/grad_norm", []).append(grad_norm)
                 steps += 1
