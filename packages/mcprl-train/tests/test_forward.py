@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mcprl_policy import Policy
-from mcprl_train.forward import policy_forward
+from mcprl_train.forward import Layout, policy_forward
 
 
 def test_padded_and_packed_layouts_give_the_same_token_outputs() -> None:
@@ -23,3 +24,13 @@ def test_padded_and_packed_layouts_give_the_same_token_outputs() -> None:
     torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-5)
     assert torch.equal(a.valid, b.valid)
     assert a.seq_lens == b.seq_lens
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_ids_outside_the_vocabulary_are_refused_with_the_vocabulary_size(layout: Layout) -> None:
+    policy = Policy.from_pretrained("tiny")
+    vocab = policy.model.config.vocab_size
+    with pytest.raises(
+        ValueError, match=rf"outside the model's vocabulary \(size {vocab}\): \[{vocab + 5}\]"
+    ):
+        policy_forward(policy, [[1, 2, 3], [4, vocab + 5]], temperature=1.0, values=False, layout=layout)

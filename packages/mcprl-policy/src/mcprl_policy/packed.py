@@ -18,7 +18,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["PackedBatch", "PackedForward", "pack_sequences", "packed_forward", "token_logprobs_and_entropy"]
+__all__ = [
+    "PackedBatch",
+    "PackedForward",
+    "check_token_ids",
+    "pack_sequences",
+    "packed_forward",
+    "token_logprobs_and_entropy",
+]
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -115,6 +122,21 @@ def token_logprobs_and_entropy(
     return torch.cat(logprobs), torch.cat(entropies)
 
 
+def check_token_ids(model: nn.Module, input_ids: torch.Tensor) -> None:
+    """Refuse ids outside ``model``'s embedding table before the forward (torch would raise a bare IndexError).
+
+    Raises:
+        ValueError: naming the vocabulary size and the offending ids.
+    """
+    vocab = int(model.get_input_embeddings().num_embeddings)  # pyright: ignore[reportCallIssue, reportAttributeAccessIssue]
+    bad = input_ids[(input_ids < 0) | (input_ids >= vocab)]
+    if bad.numel():
+        raise ValueError(
+            f"token ids outside the model's vocabulary (size {vocab}): {bad.unique()[:5].tolist()} "
+            "(sequences tokenized with a different tokenizer?)"
+        )
+
+
 def packed_forward(
     model: nn.Module,
     sequences: Sequence[Sequence[int]],
@@ -126,6 +148,7 @@ def packed_forward(
     """Run a causal LM (plain or peft-wrapped) once over packed ``sequences``; see `PackedForward`."""
     device = next(model.parameters()).device
     batch = pack_sequences(sequences, device=device)
+    check_token_ids(model, batch.input_ids)
     backbone, lm_head = _backbone_and_head(model)
     hidden = backbone(
         input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 
 from mcprl_policy import PackedForward
-from mcprl_policy.packed import token_logprobs_and_entropy
+from mcprl_policy.packed import check_token_ids, token_logprobs_and_entropy
 
 __all__ = ["Layout", "policy_forward"]
 
@@ -58,6 +58,7 @@ def padded_forward(
     for row, seq in enumerate(sequences):
         ids[row, : lens[row]] = torch.tensor(list(seq), dtype=torch.long, device=device)
         attention[row, : lens[row]] = 1
+    check_token_ids(model, ids)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     backbone = getattr(base, base.base_model_prefix)
     hidden = backbone(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
