@@ -372,7 +372,8 @@ class Learner:
                     check_ratio_health(
                         self.reduce_max(max_dev), grad_norm=grad_norm, optimizer_steps=steps, signal=signal
                     )
-                signal = self.reduce_max(max(float((m.adv * m.mask).abs().max()) for m in group)) > 0.0
+                    # Only the check reads it: no extra reduction (a collective under DeepSpeed) otherwise.
+                    signal = self.reduce_max(max(float((m.adv * m.mask).abs().max()) for m in group)) > 0.0
                 grad_norm = self.optimizer_step()
                 acc.setdefault("optim/grad_norm", []).append(grad_norm)
                 steps += 1
