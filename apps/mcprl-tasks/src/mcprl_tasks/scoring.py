@@ -1,4 +1,10 @@
-"""Scoring a demonstration script with a task's checker semantics (as ``mcprl_env`` checks episodes)."""
+"""Scoring a demonstration script with a task's checker semantics.
+
+The comparisons are ``mcprl_env``'s own (:func:`~mcprl_env.checkers.extract_number`,
+:func:`~mcprl_env.checkers.normalize_text`, :func:`~mcprl_env.checkers.mentions`), so a demonstration
+counts as a success exactly when the environment would score the same episode correct; only the
+``message_posted`` state is read from the script's ``post_message`` calls instead of from the server.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,13 @@ import math
 import re
 from typing import Any
 
+from mcprl_env.checkers import extract_number, mentions, normalize_text
 from mcprl_tasks.errors import TasksError
 
 __all__ = ["Message", "demo_succeeds", "final_answer", "posted_messages"]
 
 Message = dict[str, str]
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[+-]?\d+)?")
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
@@ -44,10 +50,8 @@ def demo_succeeds(task: dict[str, Any], messages: list[Message]) -> bool:
     """Whether a script satisfies the task's checker (numeric, exact, contains or message_posted)."""
     checker = task["checker"]
     if checker["type"] == "message_posted":
-        # Whole word or number, as mcprl_env's checker scores it (``3.2`` is not in ``3.25``).
-        pattern = rf"(?<![\w.]){re.escape(checker['contains'])}(?!\w|\.\d)"
         return any(
-            ch == checker["channel"] and re.search(pattern, text, flags=re.IGNORECASE) is not None
+            ch == checker["channel"] and mentions(text, checker["contains"])
             for ch, text in posted_messages(messages)
         )
     answer = final_answer(messages)
@@ -56,12 +60,12 @@ def demo_succeeds(task: dict[str, Any], messages: list[Message]) -> bool:
     expected = str(task["answer"])
     match checker["type"]:
         case "numeric":
-            got = _NUMBER.findall(answer)
+            got = extract_number(answer)
             rel, abs_ = checker["rel_tol"], checker["abs_tol"]
-            return bool(got) and math.isclose(float(got[0]), float(expected), rel_tol=rel, abs_tol=abs_)
+            return got is not None and math.isclose(got, float(expected), rel_tol=rel, abs_tol=abs_)
         case "exact":
-            return " ".join(answer.lower().split()) == " ".join(expected.lower().split())
+            return normalize_text(answer) == normalize_text(expected)
         case "contains":
-            return expected.lower() in answer.lower()
+            return expected.casefold() in answer.casefold()
         case other:
             raise TasksError(f"unknown checker type {other!r}")

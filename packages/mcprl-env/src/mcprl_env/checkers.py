@@ -16,7 +16,7 @@ import attrs
 from mcprl_env.protocols import ToolCaller
 from mcprl_env.tasks import ContainsChecker, ExactChecker, MessagePostedChecker, NumericChecker, Task
 
-__all__ = ["CheckResult", "check_outcome", "extract_number", "normalize_text"]
+__all__ = ["CheckResult", "check_outcome", "extract_number", "mentions", "normalize_text"]
 
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
