@@ -13,6 +13,8 @@ from mcp.types import RequestParamsMeta, TextContent
 
 from mcprl_servers import calculator, finance, messaging, python_sandbox, search
 from mcprl_tasks import FAMILIES, demo_succeeds, ideal_demo, imperfect_teacher, load_preset, read_tasks
+from mcprl_tasks.errors import TasksError
+from mcprl_tasks.toolsim import simulate_tool_error
 
 _TOOL_SERVER = {
     "get_quote": "finance",
@@ -152,3 +154,54 @@ def test_probabilities_outside_the_unit_interval_are_refused() -> None:
     task = _sample("demo", 1)[0]
     with pytest.raises(ValueError, match="probabilities"):
         imperfect_teacher(task, random.Random(0), p_skip_lookup=1.5)
+
+
+def _typo_demos(n: int) -> list[tuple[dict[str, Any], list[dict[str, str]]]]:
+    out = []
+    for i, task in enumerate(_sample("demo", n)):
+        messages = imperfect_teacher(task, random.Random(i), p_typo=1.0)
+        if any(m["role"] == "tool" and "Unknown symbol" in m["content"] for m in messages):
+            out.append((task, messages))
+    return out
+
+
+def test_a_mistyped_ticker_is_retried_with_the_task_s_ticker() -> None:
+    demos = _typo_demos(200)
+    assert len(demos) > 100  # every demo that looks a ticker up mistypes one (at most once)
+    for task, messages in demos:
+        calls = _calls(messages)
+        errors = [i for i, (_, result) in enumerate(calls) if result.startswith("Error executing tool")]
+        assert len(errors) == 1, task["id"]
+        typo = calls[errors[0]][0]["arguments"]["symbol"]
+        retry = calls[errors[0] + 1][0]
+        assert typo not in task["metadata"]["params"]["symbols"]
+        assert retry == {"name": "get_quote", "arguments": {"symbol": retry["arguments"]["symbol"]}}
+        assert retry["arguments"]["symbol"] in task["metadata"]["params"]["symbols"]
+        assert sum(a != b for a, b in zip(typo, retry["arguments"]["symbol"], strict=True)) == 1
+
+
+@pytest.mark.anyio
+async def test_mistyped_lookups_replayed_through_the_real_server_get_the_same_error() -> None:
+    demos = _typo_demos(40)
+    with anyio.fail_after(60):
+        async with _clients() as clients:
+            for task, messages in demos:
+                for call, expected in _calls(messages):
+                    if call["name"] != "get_quote":
+                        continue
+                    result = await clients["finance"].call_tool(call["name"], call["arguments"])
+                    (content,) = result.content
+                    assert isinstance(content, TextContent)
+                    assert content.text == expected, task["id"]
+                    assert result.is_error == expected.startswith("Error executing tool")
+
+
+def test_typos_leave_the_other_mistakes_of_a_seed_alone_when_off() -> None:
+    for i, task in enumerate(_sample("demo", 50)):
+        assert imperfect_teacher(task, random.Random(i), p_typo=0.0) == imperfect_teacher(
+            task, random.Random(i)
+        )
+    with pytest.raises(TasksError, match="no error to simulate"):
+        simulate_tool_error(
+            "get_quote", {"symbol": _sample("demo", 1)[0]["metadata"]["params"]["symbols"][0]}
+        )

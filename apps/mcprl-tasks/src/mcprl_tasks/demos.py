@@ -4,8 +4,8 @@ A demonstration is a list of chat messages in the model-facing format of ``docs/
 turns holding one ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` each, ``tool`` messages holding
 exactly the text the bundled servers return (see :mod:`mcprl_tasks.toolsim`), and a final
 ``<answer>...</answer>`` turn. :func:`imperfect_teacher` corrupts the script the way a weak agent would
-(guessing instead of looking up, making a needless call, answering wrongly) so that warm-starting on it
-leaves room for RL; :func:`demo_succeeds` scores a script with the task's checker semantics.
+(guessing instead of looking up, making a needless call, answering wrongly, mistyping a ticker and retrying
+after the server's error) so that warm-starting on it leaves room for RL; :func:`demo_succeeds` scores a script with the task's checker semantics.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from mcprl_servers.workspace_seed import SEED_CHANNELS, SEED_USERS
 from mcprl_tasks.errors import TasksError
 from mcprl_tasks.messaging_families import latest_message
 from mcprl_tasks.scoring import Message, demo_succeeds
-from mcprl_tasks.toolsim import simulate_tool, tool_call_text
+from mcprl_tasks.toolsim import known_symbol, simulate_tool, simulate_tool_error, tool_call_text
 
 __all__ = [
     "Message",
@@ -232,8 +232,11 @@ def ideal_demo(task: dict[str, Any]) -> list[Message]:
 
 
 class _Imperfect(_Plan):
-    def __init__(self, rng: random.Random, p_skip: float, p_extra: float, p_wrong: float) -> None:
+    def __init__(
+        self, rng: random.Random, p_skip: float, p_extra: float, p_wrong: float, p_typo: float
+    ) -> None:
         self.rng, self.p_skip, self.p_extra, self.p_wrong = rng, p_skip, p_extra, p_wrong
+        self.p_typo, self.retried = p_typo, False
 
     def skips(self) -> bool:
         return self.rng.random() < self.p_skip
@@ -242,10 +245,28 @@ class _Imperfect(_Plan):
         if self.skips():
             true = float(json.loads(simulate_tool("get_quote", {"symbol": symbol}))["price"])
             return json.dumps(round(true * self.rng.uniform(0.5, 1.5), 2))
+        # No draw when typos are off, so the other mistakes stay the same for a given seed.
+        if self.p_typo > 0 and not self.retried and self.rng.random() < self.p_typo:
+            arguments = {"symbol": self._typo(script, symbol)}
+            script.call("get_quote", arguments, result=simulate_tool_error("get_quote", arguments))
+            self.retried = True
         return super().price(script, symbol)
 
+    def _typo(self, script: _Script, symbol: str) -> str:
+        """``symbol`` with one letter replaced (by a letter of the task's other ticker, when it has one,
+        as a small model mixes them up) so that it names no listed company."""
+        others = "".join(s for s in script.params.get("symbols", []) if s != symbol)
+        pool = others or "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+        for _ in range(100):
+            i = self.rng.randrange(len(symbol))
+            typo = symbol[:i] + self.rng.choice(pool) + symbol[i + 1 :]
+            if typo != symbol and not known_symbol(typo):
+                return typo
+        return symbol + symbol[-1]
+
     def extra(self, script: _Script, options: list[Call]) -> None:
-        if self.rng.random() < self.p_extra:
+        # After a retry the script has used its spare turn: no needless call on top (turn limits).
+        if self.rng.random() < self.p_extra and not self.retried:
             name, arguments = self.rng.choice(options)
             script.call(name, arguments)
 
@@ -263,6 +284,7 @@ def imperfect_teacher(
     p_skip_lookup: float = 0.25,
     p_extra_call: float = 0.2,
     p_wrong_answer: float = 0.2,
+    p_typo: float = 0.0,
 ) -> list[Message]:
     """A demonstration with a weak agent's mistakes.
 
@@ -273,12 +295,16 @@ def imperfect_teacher(
             channel's topic, user, fact or message).
         p_extra_call: Per task: add an unnecessary call (a repeated or irrelevant lookup).
         p_wrong_answer: Per task: give (or post) a plausible wrong value instead of the right one.
+        p_typo: Per ticker lookup, at most once per task: first call ``get_quote`` with a mistyped ticker
+            (one letter replaced, by one of the other ticker's letters when the task has two), read the
+            server's ``Unknown symbol ... Did you mean`` error, then look up the right ticker. The script
+            still succeeds; it shows the recovery a model needs when it mis-copies a ticker.
 
     Returns:
         Chat messages as in :func:`ideal_demo`. With the defaults about 57 % of the demo preset's
         scripts succeed (the package README lists the measured rates).
     """
-    for p in (p_skip_lookup, p_extra_call, p_wrong_answer):
+    for p in (p_skip_lookup, p_extra_call, p_wrong_answer, p_typo):
         if not 0.0 <= p <= 1.0:
             raise ValueError("probabilities must be in [0, 1]")
-    return _play(task, _Imperfect(rng, p_skip_lookup, p_extra_call, p_wrong_answer))
+    return _play(task, _Imperfect(rng, p_skip_lookup, p_extra_call, p_wrong_answer, p_typo))

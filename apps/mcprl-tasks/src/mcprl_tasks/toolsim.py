@@ -12,6 +12,8 @@ import functools
 import json
 from typing import Any
 
+from mcp.server.mcpserver.exceptions import ToolError
+
 from mcprl_servers.calculator import calculate_text
 from mcprl_servers.finance import FinanceData
 from mcprl_servers.fixture import load_fixture
@@ -20,7 +22,7 @@ from mcprl_servers.workspace import Workspace
 from mcprl_tasks.errors import TasksError
 from mcprl_tasks.search_families import search_index
 
-__all__ = ["SIMULATED_TOOLS", "simulate_tool", "tool_call_text"]
+__all__ = ["SIMULATED_TOOLS", "known_symbol", "simulate_tool", "simulate_tool_error", "tool_call_text"]
 
 _EPISODE = "mcprl-tasks-demo"  # never posted to: reads see exactly the seed state
 
@@ -83,3 +85,25 @@ def simulate_tool(name: str, arguments: dict[str, Any]) -> str:
             return to_json({"ok": True, "channel": arguments["channel"].strip().lstrip("#").lower()})
         case _:
             raise TasksError(f"demonstrations do not cover tool {name!r}")
+
+
+def known_symbol(symbol: str) -> bool:
+    """Whether the finance fixture lists ``symbol`` (as ``get_quote`` normalises it)."""
+    try:
+        _finance().quote(symbol)
+    except ToolError:
+        return False
+    return True
+
+
+def simulate_tool_error(name: str, arguments: dict[str, Any]) -> str:
+    """The tool result an agent sees for a call the server refuses, as the MCP SDK words it.
+
+    Raises:
+        TasksError: The call succeeds (there is no error to show), or ``name`` is not simulated.
+    """
+    try:
+        simulate_tool(name, arguments)
+    except ToolError as exc:
+        return f"Error executing tool {name}: {exc}"
+    raise TasksError(f"{name}({arguments}) succeeds; there is no error to simulate")

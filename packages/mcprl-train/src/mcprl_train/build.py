@@ -214,7 +214,7 @@ def load_demos(config: Any) -> list[tuple[str, list[dict[str, Any]], bool]]:
     """The warm-start demonstrations: `(task_id, messages, succeeds)` for `sft.demos` training tasks.
 
     A fraction `sft.teacher_noise` of them comes from `mcprl_tasks.imperfect_teacher` (guessed prices,
-    needless calls, wrong answers), the rest from `mcprl_tasks.ideal_demo`; both seeded by `run.seed`.
+    needless calls, wrong answers; mistyped tickers retried after the error with `sft.teacher_typos`), the rest from `mcprl_tasks.ideal_demo`; both seeded by `run.seed`.
     The demo tasks are taken in a fixed seeded order, so the demonstration set is the same in every run.
     """
     import random
@@ -229,7 +229,7 @@ def load_demos(config: Any) -> list[tuple[str, list[dict[str, Any]], bool]]:
     for i in order[: config.sft.demos]:
         task = raw[i]
         if rng.random() < config.sft.teacher_noise:
-            messages = mcprl_tasks.imperfect_teacher(task, rng)
+            messages = mcprl_tasks.imperfect_teacher(task, rng, p_typo=config.sft.teacher_typos)
         else:
             messages = mcprl_tasks.ideal_demo(task)
         out.append((str(task["id"]), messages, bool(mcprl_tasks.demo_succeeds(task, messages))))

@@ -336,7 +336,9 @@ class SFTConfig:
 
     ``warmup_steps`` ramps the learning rate linearly; ``max_grad_norm`` clips the gradient (SFT has its own
     optimizer; packing uses ``optim.micro_batch_tokens``). ``teacher_noise`` is the fraction of demonstrations
-    written by the imperfect teacher (`mcprl_tasks.imperfect_teacher`; the rest are ideal). ``eval_every``
+    written by the imperfect teacher (`mcprl_tasks.imperfect_teacher`; the rest are ideal); ``teacher_typos`` is
+    that teacher's chance per ticker lookup (at most once per demonstration) to mistype the ticker, read the
+    server's error and retry with the right one (its ``p_typo``). ``eval_every``
     validates every N SFT steps (0: only after the stage); ``max_time_s`` ends the stage after that many
     seconds (the continued-SFT baseline of the demo uses it to match GRPO's wall-clock).
     """
@@ -348,6 +350,7 @@ class SFTConfig:
     batch_size: int = attrs.field(default=8, validator=_ge(1))
     demos: int = attrs.field(default=64, validator=_ge(1))
     teacher_noise: float = attrs.field(default=0.0, validator=[_ge(0.0), _le(1.0)])
+    teacher_typos: float = attrs.field(default=0.0, validator=[_ge(0.0), _le(1.0)])
     warmup_steps: int = attrs.field(default=0, validator=_ge(0))
     max_grad_norm: float = attrs.field(default=1.0, validator=_gt(0.0))
     eval_every: int = attrs.field(default=0, validator=_ge(0))
