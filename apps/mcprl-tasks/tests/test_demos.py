@@ -178,6 +178,10 @@ def test_a_mistyped_ticker_is_retried_with_the_task_s_ticker() -> None:
         assert retry == {"name": "get_quote", "arguments": {"symbol": retry["arguments"]["symbol"]}}
         assert retry["arguments"]["symbol"] in task["metadata"]["params"]["symbols"]
         assert sum(a != b for a, b in zip(typo, retry["arguments"]["symbol"], strict=True)) == 1
+        # The mistyped call is context, not a target: only it carries weight 0.
+        weighted = [m for m in messages if "weight" in m]
+        assert [(m["role"], m["weight"]) for m in weighted] == [("assistant", 0)]
+        assert typo in weighted[0]["content"]
 
 
 @pytest.mark.anyio

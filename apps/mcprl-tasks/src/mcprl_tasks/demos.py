@@ -49,8 +49,13 @@ class _Script:
             self.messages.append({"role": "system", "content": task["system"]})
         self.messages.append({"role": "user", "content": task["prompt"]})
 
-    def call(self, name: str, arguments: dict[str, Any], result: str | None = None) -> str:
-        self.messages.append({"role": "assistant", "content": tool_call_text(name, arguments)})
+    def call(
+        self, name: str, arguments: dict[str, Any], result: str | None = None, *, target: bool = True
+    ) -> str:
+        message: Message = {"role": "assistant", "content": tool_call_text(name, arguments)}
+        if not target:
+            message["weight"] = 0  # context only: the warm start does not imitate it
+        self.messages.append(message)
         text = simulate_tool(name, arguments) if result is None else result
         self.messages.append({"role": "tool", "content": text})
         return text
@@ -248,7 +253,9 @@ class _Imperfect(_Plan):
         # No draw when typos are off, so the other mistakes stay the same for a given seed.
         if self.p_typo > 0 and not self.retried and self.rng.random() < self.p_typo:
             arguments = {"symbol": self._typo(script, symbol)}
-            script.call("get_quote", arguments, result=simulate_tool_error("get_quote", arguments))
+            script.call(
+                "get_quote", arguments, result=simulate_tool_error("get_quote", arguments), target=False
+            )
             self.retried = True
         return super().price(script, symbol)
 
@@ -298,7 +305,9 @@ def imperfect_teacher(
         p_typo: Per ticker lookup, at most once per task: first call ``get_quote`` with a mistyped ticker
             (one letter replaced, by one of the other ticker's letters when the task has two), read the
             server's ``Unknown symbol ... Did you mean`` error, then look up the right ticker. The script
-            still succeeds; it shows the recovery a model needs when it mis-copies a ticker.
+            still succeeds; it shows the recovery a model needs when it mis-copies a ticker. The mistyped
+            call carries ``"weight": 0`` (OpenAI's fine-tuning convention, honoured by mcprl-train's warm
+            start): it is context to recover from, not a target to imitate.
 
     Returns:
         Chat messages as in :func:`ideal_demo`. With the defaults about 57 % of the demo preset's

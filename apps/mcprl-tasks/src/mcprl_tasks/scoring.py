@@ -18,7 +18,7 @@ from mcprl_tasks.errors import TasksError
 
 __all__ = ["Message", "demo_succeeds", "final_answer", "posted_messages"]
 
-Message = dict[str, str]
+Message = dict[str, Any]
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 

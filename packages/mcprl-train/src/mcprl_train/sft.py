@@ -40,12 +40,16 @@ def render_example(
 ) -> SFTExample:
     """Render a conversation with the chat template; the mask marks the assistant (generation) tokens.
 
+    An assistant message with ``"weight": 0`` (OpenAI's fine-tuning convention) stays in the context but is
+    not a target: a demonstration can show a mistake and train only on the recovery from it.
+
     Raises:
-        ValueError: when the template has no `{% generation %}` markers (no assistant mask) or the
-            conversation has no assistant token.
+        ValueError: when the template has no `{% generation %}` markers (no assistant mask), the
+            conversation has no assistant token, or a weight is not 0 or 1.
     """
+    weights = [_weight(m) for m in messages if m.get("role") == "assistant"]
     out = tokenizer.apply_chat_template(
-        list(messages),
+        [{k: v for k, v in m.items() if k != "weight"} for m in messages],
         tools=tools or None,
         tokenize=True,
         return_dict=True,
@@ -55,9 +59,39 @@ def render_example(
     mask = list(out.get("assistant_masks") or [])
     if len(mask) != len(ids):
         raise ValueError("the chat template returned no assistant mask: it needs {% generation %} markers")
+    mask = [int(m) for m in mask]
+    if 0 in weights:
+        mask = _drop_spans(mask, weights)
     if not any(mask):
-        raise ValueError("demonstration has no assistant tokens")
-    return SFTExample(token_ids=ids, assistant_mask=[int(m) for m in mask])
+        raise ValueError("demonstration has no assistant tokens (or every assistant message has weight 0)")
+    return SFTExample(token_ids=ids, assistant_mask=mask)
+
+
+def _weight(message: dict[str, Any]) -> int:
+    weight = message.get("weight", 1)
+    if weight not in (0, 1) or isinstance(weight, bool):
+        raise ValueError(f"an assistant message's weight must be 0 or 1, got {weight!r}")
+    return int(weight)
+
+
+def _drop_spans(mask: list[int], weights: list[int]) -> list[int]:
+    """Zero the assistant-mask spans (one per assistant message, in order) whose message has weight 0."""
+    spans: list[tuple[int, int]] = []
+    for i, m in enumerate(mask):
+        if m and (i == 0 or not mask[i - 1]):
+            spans.append((i, i))
+        if m:
+            spans[-1] = (spans[-1][0], i + 1)
+    if len(spans) != len(weights):
+        raise ValueError(
+            f"the chat template marked {len(spans)} assistant spans for {len(weights)} assistant messages; "
+            "per-message weights need one contiguous span per message"
+        )
+    out = list(mask)
+    for (start, end), weight in zip(spans, weights, strict=True):
+        if weight == 0:
+            out[start:end] = [0] * (end - start)
+    return out
 
 
 @attrs.frozen(kw_only=True)
