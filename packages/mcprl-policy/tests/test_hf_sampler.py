@@ -212,3 +212,76 @@ def test_bad_requests_raise_sampler_errors(
     sampler = HFSampler(policy)
     with pytest.raises(SamplerError, match=message):
         anyio.run(lambda: sampler.sample(prompt, max_new_tokens=max_new))
+
+
+def _next_turn(policy: Policy, prompt: list[int], completion: Completion, i: int) -> list[int]:
+    """The episode's next prompt: its prompt, the sampled tokens, a tool response and a new assistant header."""
+    tool = policy.tokenizer.apply_chat_template(
+        [{"role": "tool", "content": f'{{"price": {i}.5}}' * (1 + i % 3)}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    return [*prompt, *completion.token_ids, *tool]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_next_turns_reuse_the_cached_prefix_and_sample_exactly_as_a_full_prefill(
+    policy: Policy, temperature: float
+) -> None:
+    prompts = _prompts(policy, 6)
+    params = SamplingParams(temperature=temperature, seed=3)
+    cached = HFSampler(policy, params, prefix_cache_mb=64)
+    first = anyio.run(_sample_all, cached, prompts, [6 + i for i in range(6)])
+    second_prompts = [
+        _next_turn(policy, p, c, i) for i, (p, c) in enumerate(zip(prompts, first, strict=True))
+    ]
+    second = anyio.run(_sample_all, cached, second_prompts, [8] * 6)
+    stats = cached.engine.stats
+    assert stats.prefix_hits == 6
+    assert stats.prefix_tokens == sum(
+        len(p) + len(c.token_ids) - 1 for p, c in zip(prompts, first, strict=True)
+    )
+    assert cached.metrics()["sampler/prefix_hits"] == 6
+    # The reused KV gives the logprobs a whole-sequence forward gives, and greedy picks the same tokens.
+    with torch.no_grad():
+        out = policy.forward_packed(
+            [p + c.token_ids for p, c in zip(second_prompts, second, strict=True)], temperature=1.0
+        )
+    for prompt, completion, logprobs in zip(second_prompts, second, out.split("logprobs"), strict=True):
+        torch.testing.assert_close(
+            logprobs[len(prompt) :], torch.tensor(completion.logprobs), atol=1e-4, rtol=0.0
+        )
+    if temperature == 0.0:
+        whole = anyio.run(_sample_all, HFSampler(policy, params), second_prompts, [8] * 6)
+        assert [c.token_ids for c in whole] == [c.token_ids for c in second]
+
+
+def test_the_prefix_cache_is_dropped_when_the_weights_change(tmp_path: Path, tiny_dir: Path) -> None:
+    policy = Policy.from_pretrained(str(tiny_dir))
+    sampler = HFSampler(policy, SamplingParams(temperature=0.0), prefix_cache_mb=64)
+    prompts = _prompts(policy, 2)
+    first = anyio.run(_sample_all, sampler, prompts, [4, 4])
+    nxt = [_next_turn(policy, p, c, i) for i, (p, c) in enumerate(zip(prompts, first, strict=True))]
+    assert len(sampler.engine.prefix) == 2
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-2)
+    policy.model(torch.tensor([prompts[0]])).logits.sum().backward()
+    optimizer.step()
+    second = anyio.run(_sample_all, sampler, nxt, [4, 4])
+    assert sampler.engine.stats.prefix_hits == 0  # stale KV is never reused
+    whole = anyio.run(_sample_all, HFSampler(policy, SamplingParams(temperature=0.0)), nxt, [4, 4])
+    assert [c.token_ids for c in whole] == [c.token_ids for c in second]
+
+
+def test_without_a_prefix_cache_every_turn_is_prefilled_whole(policy: Policy) -> None:
+    sampler = HFSampler(policy, SamplingParams(temperature=0.0))
+    prompts = _prompts(policy, 2)
+    first = anyio.run(_sample_all, sampler, prompts, [4, 4])
+    anyio.run(
+        _sample_all,
+        sampler,
+        [_next_turn(policy, p, c, 0) for p, c in zip(prompts, first, strict=True)],
+        [4, 4],
+    )
+    assert sampler.engine.stats.prefix_hits == 0
+    assert len(sampler.engine.prefix) == 0

@@ -4,7 +4,9 @@
 of `DecodeEngine.run_until_finished` (run in a worker thread) advances every row one token per step, admits
 waiting requests between steps (their prompts are prefilled as one batch and their cache rows left-padded
 into the running cache), drops finished or cancelled rows, and returns as soon as at least one request has
-finished, so the async side can hand results out while generation of the others continues.
+finished, so the async side can hand results out while generation of the others continues. With a prefix
+cache (`mcprl_policy.prefix_cache`), a prompt that extends an earlier request's prompt and completion (the
+next turn of an episode) prefills only its new tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from mcprl_policy.config import SamplingParams
+from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache, weights_version
 
 __all__ = ["DecodeEngine", "DecodeRequest", "DecodeStats", "end_of_turn_ids"]
 
@@ -56,6 +59,8 @@ class DecodeStats:
     decode_rows: int = 0
     prefill_tokens: int = 0
     max_rows: int = 0
+    prefix_hits: int = 0
+    prefix_tokens: int = 0
 
 
 class DecodeEngine:
@@ -68,6 +73,7 @@ class DecodeEngine:
         pad_token_id: id used for left padding (masked out).
         max_batch_size: most rows generated together.
         decode: token ids → text (for stop strings).
+        prefix_cache_bytes: Budget of the cross-turn prefix cache (0: every prompt is prefilled whole).
     """
 
     def __init__(
@@ -79,8 +85,10 @@ class DecodeEngine:
         pad_token_id: int,
         max_batch_size: int,
         decode: Callable[[list[int]], str],
+        prefix_cache_bytes: int = 0,
     ) -> None:
         self.model = model
+        self.prefix = PrefixCache(prefix_cache_bytes)
         self.params = params
         self.stop_token_ids = stop_token_ids
         self.pad_token_id = pad_token_id
@@ -132,6 +140,8 @@ class DecodeEngine:
     def run_until_finished(self) -> list[DecodeRequest]:
         """Generate until at least one request finishes (returned) or nothing is left to do (``[]``)."""
         device = next(self.model.parameters()).device
+        if self.prefix.max_bytes:
+            self.prefix.validate(weights_version(self.model.parameters()))
         with torch.inference_mode(), _eval_mode(self.model):
             while True:
                 self._drop(lambda r: r.cancelled)
@@ -156,7 +166,23 @@ class DecodeEngine:
         return self.model(use_cache=True, logits_to_keep=1, **kwargs)
 
     def _admit(self, new: list[DecodeRequest], device: torch.device) -> list[DecodeRequest]:
-        """Prefill ``new`` prompts (left-padded), sample their first token, merge the survivors."""
+        """Prefill ``new`` prompts, sample their first token, merge them into the running rows."""
+        fresh: list[DecodeRequest] = []
+        cached: list[tuple[DecodeRequest, CachedPrefix]] = []
+        for request in new:
+            hit = self.prefix.take(request.prompt_ids) if self.prefix.max_bytes else None
+            if hit is None:
+                fresh.append(request)
+            else:
+                cached.append((request, hit))
+        if fresh:
+            self._merge(self._prefill(fresh, device))
+        if cached:
+            self._merge(self._prefill_cached(cached, device))
+        return self._finish_rows()
+
+    def _prefill(self, new: list[DecodeRequest], device: torch.device) -> _State:
+        """Prefill whole prompts (left-padded) and sample each row's first token."""
         width = max(len(r.prompt_ids) for r in new)
         ids = torch.full((len(new), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros(len(new), width, dtype=torch.long)
@@ -179,7 +205,7 @@ class DecodeEngine:
             seen = torch.zeros(len(new), out.logits.shape[-1], dtype=torch.bool, device=device)
             seen.scatter_(1, ids.to(device), True)
         tokens = self._choose(out.logits[:, -1], new, seen)
-        joined = _State(
+        return _State(
             rows=new,
             cache=out.past_key_values,
             mask=mask.to(device),
@@ -187,8 +213,55 @@ class DecodeEngine:
             last=tokens,
             seen=seen,
         )
-        self._merge(joined)
-        return self._finish_rows()
+
+    def _prefill_cached(self, hits: list[tuple[DecodeRequest, CachedPrefix]], device: torch.device) -> _State:
+        """Prefill only what follows each row's cached prefix.
+
+        Row layout: ``[pad | cached prefix | pad | new tokens]``, both parts left-padded, so every row's last
+        prompt token sits in the last column; the mask hides the pads and positions continue the prefix.
+        """
+        rows = [r for r, _ in hits]
+        cached = max(p.length for _, p in hits)
+        tails = [r.prompt_ids[p.length :] for r, p in hits]
+        width = max(len(t) for t in tails)
+        ids = torch.full((len(hits), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros(len(hits), cached + width, dtype=torch.long)
+        positions = torch.zeros(len(hits), width, dtype=torch.long)
+        for i, ((_, prefix), tail) in enumerate(zip(hits, tails, strict=True)):
+            ids[i, width - len(tail) :] = torch.tensor(tail, dtype=torch.long)
+            mask[i, cached - prefix.length : cached] = 1
+            mask[i, cached + width - len(tail) :] = 1
+            positions[i, width - len(tail) :] = torch.arange(prefix.length, prefix.length + len(tail))
+        cache = DynamicCache(config=getattr(self.model, "config", None))
+        for layer in range(len(hits[0][1].keys)):
+            keys = torch.stack([_pad_left(p.keys[layer], cached, dim=1) for _, p in hits])
+            values = torch.stack([_pad_left(p.values[layer], cached, dim=1) for _, p in hits])
+            cache.update(keys.to(device), values.to(device), layer)
+        out = self._forward(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
+            past_key_values=cache,
+        )
+        self.stats.prefill_calls += 1
+        self.stats.prefill_rows += len(hits)
+        self.stats.prefill_tokens += sum(len(t) for t in tails)
+        self.stats.prefix_hits += len(hits)
+        self.stats.prefix_tokens += sum(p.length for _, p in hits)
+        seen = None
+        if self.params.repetition_penalty != 1.0:
+            seen = torch.zeros(len(hits), out.logits.shape[-1], dtype=torch.bool, device=device)
+            for i, request in enumerate(rows):
+                seen[i, torch.tensor(request.prompt_ids, device=device)] = True
+        tokens = self._choose(out.logits[:, -1], rows, seen)
+        return _State(
+            rows=rows,
+            cache=out.past_key_values,
+            mask=mask.to(device),
+            positions=mask.sum(-1).to(device),
+            last=tokens,
+            seen=seen,
+        )
 
     def _decode_step(self, device: torch.device) -> list[DecodeRequest]:
         ones = torch.ones(len(self._rows), 1, dtype=torch.long, device=device)
@@ -238,8 +311,25 @@ class DecodeEngine:
                 request.finish_reason = "length"
         finished = [r for r in self._rows if r.finish_reason is not None]
         if finished:
+            if self.prefix.max_bytes:
+                self._store_prefixes()
             self._drop(lambda r: r.finish_reason is not None)
         return finished
+
+    def _store_prefixes(self) -> None:
+        """Keep each finished row's KV (prompt + all generated tokens but the last, which was never fed)."""
+        layers = _layers(self._cache)
+        for i, request in enumerate(self._rows):
+            if request.finish_reason is None:
+                continue
+            columns = self._mask[i].nonzero().squeeze(-1)
+            self.prefix.put(
+                [*request.prompt_ids, *request.token_ids[:-1]],
+                CachedPrefix(
+                    keys=tuple(layer.keys[i].index_select(1, columns) for layer in layers),
+                    values=tuple(layer.values[i].index_select(1, columns) for layer in layers),
+                ),
+            )
 
     def _hit_stop_string(self, request: DecodeRequest) -> bool:
         if not self.params.stop:

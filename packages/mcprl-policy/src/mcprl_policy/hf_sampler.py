@@ -41,6 +41,9 @@ class HFSampler:
         params: sampling parameters (temperature, top-p/k, repetition penalty, stop strings, seed).
         max_batch_size: most rows decoded together.
         max_wait_ms: how long an idle sampler waits for more requests before it starts a batch.
+        prefix_cache_mb: memory for the KV of finished requests, reused when a later prompt extends one (the
+            next turn of an episode prefills only the tool response); 0 turns it off. Cleared whenever the
+            weights change.
     """
 
     def __init__(
@@ -50,11 +53,14 @@ class HFSampler:
         *,
         max_batch_size: int = 64,
         max_wait_ms: float = 5.0,
+        prefix_cache_mb: float = 0.0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
         self.policy = policy
         self.params = params if params is not None else SamplingParams()
         self.max_batch_size = max_batch_size
@@ -69,6 +75,7 @@ class HFSampler:
             pad_token_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0),
             max_batch_size=max_batch_size,
             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+            prefix_cache_bytes=int(prefix_cache_mb * 2**20),
         )
         self._waiters: dict[int, _Waiter] = {}
         self._driving = False
@@ -87,6 +94,8 @@ class HFSampler:
             "sampler/decode_rows_mean": s.decode_rows / s.decode_calls if s.decode_calls else 0.0,
             "sampler/prefill_rows_mean": s.prefill_rows / s.prefill_calls if s.prefill_calls else 0.0,
             "sampler/max_rows": float(s.max_rows),
+            "sampler/prefix_hits": float(s.prefix_hits),
+            "sampler/prefix_reused_tokens": float(s.prefix_tokens),
         }
 
     async def sample(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> Completion:

@@ -100,6 +100,7 @@ def build_sampler(config: Any, policy: Any, *, greedy: bool = False, seed: int |
                 params,
                 max_batch_size=config.sampler.max_batch_size,
                 max_wait_ms=config.sampler.max_wait_ms,
+                prefix_cache_mb=config.sampler.prefix_cache_mb,
             )
         case "vllm":
             from mcprl_policy import MissingExtraError

@@ -151,6 +151,8 @@ class SamplerConfig:
         max_new_tokens_per_turn: Cap on one assistant turn.
         max_batch_size: Requests batched into one generate call.
         max_wait_ms: How long the batcher waits to fill a batch.
+        prefix_cache_mb: HF backend: memory for reusing an episode's KV cache from one turn to the next (only
+            the new tokens of a turn are prefilled); 0 prefills every turn whole.
         gpu_memory_utilization: vLLM's share of the device memory (also used by ``mcprl-train plan``).
     """
 
@@ -160,6 +162,7 @@ class SamplerConfig:
     max_new_tokens_per_turn: int = attrs.field(default=256, validator=_ge(1))
     max_batch_size: int = attrs.field(default=64, validator=_ge(1))
     max_wait_ms: float = attrs.field(default=5.0, validator=_ge(0.0))
+    prefix_cache_mb: float = attrs.field(default=1024.0, validator=_ge(0.0))
     gpu_memory_utilization: float = attrs.field(default=0.3, validator=[_gt(0.0), _le(0.95)])
 
 

@@ -261,6 +261,7 @@ class Trainer:
         self.emit("after_rollout")
         self.state.position = self.stream.position
         metrics = rollout_metrics(everyone)
+        metrics.update(self.sampler.metrics())
         metrics.update(adv)
         metrics["rollout/invalid_rate"] = invalid_rate
         metrics["adv/backfill_rounds"] = float(rounds)

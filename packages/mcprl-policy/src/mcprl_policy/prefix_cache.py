@@ -1,0 +1,114 @@
+"""Reuse of the KV cache across the turns of a multi-turn episode.
+
+An episode's next prompt is its previous prompt, the tokens the sampler generated and the tokens the
+environment appended (token-in/token-out: never re-tokenised). Without reuse every turn prefills the whole
+conversation again. `PrefixCache` keeps, for each finished request, the keys and values of the tokens whose KV
+was computed (the prompt and every generated token but the last) under those token ids; a later request whose
+prompt starts with such a sequence takes that entry and prefills only the rest. Entries are taken (removed) on
+use, evicted least-recently-stored past a byte budget, and all dropped when the model's weights change (the
+tensors' version counters move on any in-place update: an optimizer step, ``load_state_dict``, a weight sync).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Sequence
+
+import attrs
+import torch
+
+__all__ = ["CachedPrefix", "PrefixCache", "weights_version"]
+
+
+@attrs.frozen(kw_only=True)
+class CachedPrefix:
+    """Keys and values of one token sequence, per layer: ``(kv_heads, L, head_dim)`` each, no padding."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+
+    @property
+    def length(self) -> int:
+        return int(self.keys[0].shape[1]) if self.keys else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+def weights_version(parameters: Iterable[torch.Tensor]) -> tuple[int, ...]:
+    """A fingerprint that changes whenever any of ``parameters`` is modified in place or replaced."""
+    return tuple(v for p in parameters for v in (id(p), p._version))
+
+
+class PrefixCache:
+    """Token-id-keyed KV entries with a byte budget (0 disables the cache).
+
+    Args:
+        max_bytes: Most bytes of keys and values held; the least recently stored entries go first.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[int, ...], CachedPrefix] = OrderedDict()
+        self._lengths: Counter[int] = Counter()
+        self._bytes = 0
+        self._version: tuple[int, ...] | None = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def validate(self, version: tuple[int, ...]) -> bool:
+        """Drop every entry if the weights changed since the entries were stored; True when they were kept."""
+        if version == self._version:
+            return True
+        self.clear()
+        self._version = version
+        return False
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._lengths.clear()
+        self._bytes = 0
+
+    def put(self, token_ids: Sequence[int], prefix: CachedPrefix) -> None:
+        """Store the KV of ``token_ids`` (``prefix.length`` must equal ``len(token_ids)``)."""
+        if prefix.length != len(token_ids):
+            raise ValueError(f"KV of {prefix.length} tokens stored under {len(token_ids)} token ids")
+        size = prefix.nbytes
+        if self.max_bytes == 0 or size > self.max_bytes or not token_ids:
+            return
+        key = tuple(token_ids)
+        if key in self._entries:
+            self._remove(key)
+        self._entries[key] = prefix
+        self._lengths[len(key)] += 1
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            self._remove(next(iter(self._entries)))
+
+    def take(self, prompt_ids: Sequence[int]) -> CachedPrefix | None:
+        """Remove and return the longest stored entry that is a proper prefix of ``prompt_ids``."""
+        if not self._entries:
+            return None
+        n = len(prompt_ids)
+        for length in sorted((k for k in self._lengths if k < n), reverse=True):
+            key = tuple(prompt_ids[:length])
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._remove(key)
+                return entry
+        return None
+
+    def _remove(self, key: tuple[int, ...]) -> None:
+        entry = self._entries.pop(key)
+        self._bytes -= entry.nbytes
+        self._lengths[len(key)] -= 1
+        if not self._lengths[len(key)]:
+            del self._lengths[len(key)]

@@ -1,0 +1,86 @@
+"""The prefix store: longest proper prefix, take-once, byte budget, invalidation on weight changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache, weights_version
+
+
+def _kv(n: int, layers: int = 2) -> CachedPrefix:
+    t = torch.arange(n, dtype=torch.float32).reshape(1, n, 1).expand(2, n, 4).clone()
+    return CachedPrefix(keys=(t,) * layers, values=(t + 0.5,) * layers)
+
+
+def test_take_returns_the_longest_proper_prefix_once() -> None:
+    cache = PrefixCache(max_bytes=10**6)
+    cache.put([1, 2], _kv(2))
+    cache.put([1, 2, 3, 4], _kv(4))
+    cache.put([1, 2, 3, 4, 5, 6], _kv(6))  # as long as the prompt below: not a proper prefix
+    hit = cache.take([1, 2, 3, 4, 5, 6])
+    assert hit is not None
+    assert hit.length == 4
+    assert cache.take([1, 2, 3, 4, 9]).length == 2  # type: ignore[union-attr]
+    assert cache.take([1, 2, 3, 4, 9]) is None
+    assert cache.take([7, 8, 9]) is None
+    assert len(cache) == 1
+
+
+def test_the_byte_budget_evicts_the_oldest_entries() -> None:
+    size = _kv(3).nbytes
+    cache = PrefixCache(max_bytes=2 * size)
+    for i in range(3):
+        cache.put([i, i, i], _kv(3))
+    assert len(cache) == 2
+    assert cache.nbytes == 2 * size
+    assert cache.take([0, 0, 0, 1]) is None
+    assert cache.take([2, 2, 2, 1]) is not None
+
+
+def test_a_zero_budget_stores_nothing_and_a_length_mismatch_is_refused() -> None:
+    cache = PrefixCache(max_bytes=0)
+    cache.put([1, 2], _kv(2))
+    assert len(cache) == 0
+    with pytest.raises(ValueError, match="KV of 3 tokens stored under 2"):
+        PrefixCache(max_bytes=100).put([1, 2], _kv(3))
+    with pytest.raises(ValueError, match="max_bytes"):
+        PrefixCache(max_bytes=-1)
+
+
+def test_an_in_place_update_of_any_weight_changes_the_version() -> None:
+    layer = torch.nn.Linear(3, 3)
+    before = weights_version(layer.parameters())
+    assert weights_version(layer.parameters()) == before
+    with torch.no_grad():
+        layer.bias.add_(1.0)
+    after = weights_version(layer.parameters())
+    assert after != before
+    cache = PrefixCache(max_bytes=10**6)
+    cache.validate(before)
+    cache.put([1, 2], _kv(2))
+    assert cache.validate(before)
+    assert len(cache) == 1
+    assert not cache.validate(after)
+    assert len(cache) == 0
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), max_size=12),
+    st.lists(st.integers(0, 3), max_size=8),
+)
+def test_take_agrees_with_a_linear_scan(stored: list[list[int]], prompt: list[int]) -> None:
+    cache = PrefixCache(max_bytes=10**9)
+    for ids in stored:
+        cache.put(ids, _kv(len(ids)))
+    keys = {tuple(ids) for ids in stored}
+    proper = [k for k in keys if len(k) < len(prompt) and tuple(prompt[: len(k)]) == k]
+    hit = cache.take(prompt)
+    if not proper:
+        assert hit is None
+    else:
+        assert hit is not None
+        assert hit.length == max(len(k) for k in proper)
+    assert cache.nbytes == sum(_kv(len(k)).nbytes for k in keys) - (hit.nbytes if hit else 0)
