@@ -117,3 +117,12 @@ def test_chat_template_marks_assistant_tokens(tiny_dir: Path) -> None:
         '<tool_call>{"name": "get_quote", "arguments": {"symbol": "ACME"}}</tool_call><|im_end|>'
         "<answer>370.35</answer><|im_end|>"
     )
+
+
+def test_the_8_head_preset_differs_from_tiny_only_in_its_heads(tmp_path: Path) -> None:
+    base = AutoModelForCausalLM.from_pretrained(build_tiny_model("tiny", cache_dir=tmp_path)).config
+    eight = AutoModelForCausalLM.from_pretrained(build_tiny_model("tiny-8h", cache_dir=tmp_path)).config
+    assert (eight.num_attention_heads, eight.num_key_value_heads, eight.head_dim) == (8, 8, 16)
+    assert (base.num_attention_heads, base.num_key_value_heads, base.head_dim) == (4, 2, 32)
+    same = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "tie_word_embeddings")
+    assert all(getattr(eight, k) == getattr(base, k) for k in same)
