@@ -214,6 +214,17 @@ def test_bad_requests_raise_sampler_errors(
         anyio.run(lambda: sampler.sample(prompt, max_new_tokens=max_new))
 
 
+def test_identical_first_turns_of_a_group_share_one_cached_prefix(policy: Policy) -> None:
+    prompt = _prompts(policy, 1)[0]
+    sampler = HFSampler(policy, SamplingParams(temperature=0.0), prefix_cache_mb=64)
+    first = anyio.run(_sample_all, sampler, [prompt] * 4, [5] * 4)  # greedy: the same turn 4 times
+    assert len({tuple(c.token_ids) for c in first}) == 1
+    assert len(sampler.engine.prefix) == 1
+    nxt = [_next_turn(policy, prompt, c, i) for i, c in enumerate(first)]
+    anyio.run(_sample_all, sampler, nxt, [3] * 4)
+    assert sampler.engine.stats.prefix_hits == 4
+
+
 def _next_turn(policy: Policy, prompt: list[int], completion: Completion, i: int) -> list[int]:
     """The episode's next prompt: its prompt, the sampled tokens, a tool response and a new assistant header."""
     tool = policy.tokenizer.apply_chat_template(

@@ -1,4 +1,4 @@
-"""The prefix store: longest proper prefix, take-once, byte budget, invalidation on weight changes."""
+"""The prefix store: longest proper prefix, reuse, LRU byte budget, invalidation on weight changes."""
 
 from __future__ import annotations
 
@@ -15,29 +15,33 @@ def _kv(n: int, layers: int = 2) -> CachedPrefix:
     return CachedPrefix(keys=(t,) * layers, values=(t + 0.5,) * layers)
 
 
-def test_take_returns_the_longest_proper_prefix_once() -> None:
+def test_lookup_returns_the_longest_proper_prefix_and_keeps_it() -> None:
     cache = PrefixCache(max_bytes=10**6)
     cache.put([1, 2], _kv(2))
     cache.put([1, 2, 3, 4], _kv(4))
     cache.put([1, 2, 3, 4, 5, 6], _kv(6))  # as long as the prompt below: not a proper prefix
-    hit = cache.take([1, 2, 3, 4, 5, 6])
-    assert hit is not None
-    assert hit.length == 4
-    assert cache.take([1, 2, 3, 4, 9]).length == 2  # type: ignore[union-attr]
-    assert cache.take([1, 2, 3, 4, 9]) is None
-    assert cache.take([7, 8, 9]) is None
-    assert len(cache) == 1
+    for _ in range(2):  # the G episodes of a group often continue the same first turn
+        hit = cache.lookup([1, 2, 3, 4, 5, 6])
+        assert hit is not None
+        assert hit.length == 4
+    assert cache.lookup([1, 2, 3, 9]).length == 2  # type: ignore[union-attr]
+    assert cache.lookup([7, 8, 9]) is None
+    assert cache.lookup([1, 2]) is None
+    assert len(cache) == 3
 
 
-def test_the_byte_budget_evicts_the_oldest_entries() -> None:
+def test_the_byte_budget_evicts_the_least_recently_used_entries() -> None:
     size = _kv(3).nbytes
     cache = PrefixCache(max_bytes=2 * size)
-    for i in range(3):
-        cache.put([i, i, i], _kv(3))
+    cache.put([0, 0, 0], _kv(3))
+    cache.put([1, 1, 1], _kv(3))
+    assert cache.lookup([0, 0, 0, 9]) is not None  # now [1, 1, 1] is the least recently used
+    cache.put([2, 2, 2], _kv(3))
     assert len(cache) == 2
     assert cache.nbytes == 2 * size
-    assert cache.take([0, 0, 0, 1]) is None
-    assert cache.take([2, 2, 2, 1]) is not None
+    assert cache.lookup([1, 1, 1, 9]) is None
+    assert cache.lookup([0, 0, 0, 9]) is not None
+    assert cache.lookup([2, 2, 2, 9]) is not None
 
 
 def test_a_zero_budget_stores_nothing_and_a_length_mismatch_is_refused() -> None:
@@ -71,16 +75,17 @@ def test_an_in_place_update_of_any_weight_changes_the_version() -> None:
     st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), max_size=12),
     st.lists(st.integers(0, 3), max_size=8),
 )
-def test_take_agrees_with_a_linear_scan(stored: list[list[int]], prompt: list[int]) -> None:
+def test_lookup_agrees_with_a_linear_scan(stored: list[list[int]], prompt: list[int]) -> None:
     cache = PrefixCache(max_bytes=10**9)
     for ids in stored:
         cache.put(ids, _kv(len(ids)))
     keys = {tuple(ids) for ids in stored}
     proper = [k for k in keys if len(k) < len(prompt) and tuple(prompt[: len(k)]) == k]
-    hit = cache.take(prompt)
+    hit = cache.lookup(prompt)
     if not proper:
         assert hit is None
     else:
         assert hit is not None
         assert hit.length == max(len(k) for k in proper)
-    assert cache.nbytes == sum(_kv(len(k)).nbytes for k in keys) - (hit.nbytes if hit else 0)
+    assert len(cache) == len(keys)
+    assert cache.nbytes == sum(_kv(len(k)).nbytes for k in keys)

@@ -69,6 +69,7 @@ def test_a100x2_zero3_plan_matches_hand_computation(tmp_path: Path) -> None:
         "activations": 8192 * (28 * 1024 * 2 + 2 * 18_432),
         "logits chunk": 1024 * 151_936 * 4 * 3,
         "sampler kv cache": 64 * 4096 * 2 * 28 * 1024 * 2,
+        "sampler prefix cache": GIB,  # sampler.prefix_cache_mb's default, 1024 MiB
         "cuda context": GIB // 2,
     }
     assert (
@@ -79,6 +80,7 @@ def test_a100x2_zero3_plan_matches_hand_computation(tmp_path: Path) -> None:
         + 771_751_936
         + 1_866_989_568
         + 30_064_771_072
+        + GIB
         + GIB // 2
     )
     assert plan.device_memory == 80 * GIB
@@ -104,6 +106,15 @@ def test_qlora_plan_of_a_small_model_matches_hand_computation(tmp_path: Path) ->
     # no checkpointing: 8192 tokens · 4 layers · 2 B · (3·256 + 256 + 2·128 + 256 + 3·1024)
     assert plan.rows["activations"] == 8192 * 4 * 2 * 4608
     assert plan.rows["sampler kv cache"] == 16 * 4096 * 2 * 4 * 128 * 2
+    off = plan_memory(
+        Config.load(
+            profile="single-gpu-lora",
+            overrides=["model.gradient_checkpointing=false", "sampler.prefix_cache_mb=0"],
+        ),
+        shape,
+    )
+    assert "sampler prefix cache" not in off.rows
+    assert plan.total - off.total == GIB
 
 
 def test_gradient_checkpointing_and_zero_stages_shrink_the_estimate(tmp_path: Path) -> None:

@@ -170,7 +170,7 @@ class DecodeEngine:
         fresh: list[DecodeRequest] = []
         cached: list[tuple[DecodeRequest, CachedPrefix]] = []
         for request in new:
-            hit = self.prefix.take(request.prompt_ids) if self.prefix.max_bytes else None
+            hit = self.prefix.lookup(request.prompt_ids) if self.prefix.max_bytes else None
             if hit is None:
                 fresh.append(request)
             else:

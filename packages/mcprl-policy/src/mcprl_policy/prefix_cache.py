@@ -4,9 +4,10 @@ An episode's next prompt is its previous prompt, the tokens the sampler generate
 environment appended (token-in/token-out: never re-tokenised). Without reuse every turn prefills the whole
 conversation again. `PrefixCache` keeps, for each finished request, the keys and values of the tokens whose KV
 was computed (the prompt and every generated token but the last) under those token ids; a later request whose
-prompt starts with such a sequence takes that entry and prefills only the rest. Entries are taken (removed) on
-use, evicted least-recently-stored past a byte budget, and all dropped when the model's weights change (the
-tensors' version counters move on any in-place update: an optimizer step, ``load_state_dict``, a weight sync).
+prompt starts with such a sequence reuses that entry and prefills only the rest. Entries stay after use (the G
+episodes of a group often sample the same first turns, so several continuations share one entry), are evicted
+least-recently-used past a byte budget, and are all dropped when the model's weights change (the tensors'
+version counters move on any in-place update: an optimizer step, ``load_state_dict``, a weight sync).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class PrefixCache:
     """Token-id-keyed KV entries with a byte budget (0 disables the cache).
 
     Args:
-        max_bytes: Most bytes of keys and values held; the least recently stored entries go first.
+        max_bytes: Most bytes of keys and values held; the least recently used entries go first.
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -93,8 +94,8 @@ class PrefixCache:
         while self._bytes > self.max_bytes:
             self._remove(next(iter(self._entries)))
 
-    def take(self, prompt_ids: Sequence[int]) -> CachedPrefix | None:
-        """Remove and return the longest stored entry that is a proper prefix of ``prompt_ids``."""
+    def lookup(self, prompt_ids: Sequence[int]) -> CachedPrefix | None:
+        """The longest stored entry that is a proper prefix of ``prompt_ids`` (marked most recently used)."""
         if not self._entries:
             return None
         n = len(prompt_ids)
@@ -102,7 +103,7 @@ class PrefixCache:
             key = tuple(prompt_ids[:length])
             entry = self._entries.get(key)
             if entry is not None:
-                self._remove(key)
+                self._entries.move_to_end(key)
                 return entry
         return None
 

@@ -19,7 +19,8 @@ cached hub model. The estimate, per device of ``N`` (``distributed.num_gpus`` un
   only each layer's input plus one layer being recomputed.
 - logits: one chunk of 1024 tokens × vocabulary in fp32 (logits, log-softmax, gradient) — mcprl-policy's
   chunked packed forward.
-- sampler: the HF sampler's KV cache for ``sampler.max_batch_size`` sequences of ``env.max_total_tokens``;
+- sampler: the HF sampler's KV cache for ``sampler.max_batch_size`` sequences of ``env.max_total_tokens``,
+  plus its cross-turn prefix cache (``sampler.prefix_cache_mb``, a budget it never exceeds);
   the vLLM backend instead reserves ``sampler.gpu_memory_utilization`` of the device.
 - CUDA context: a fixed 0.5 GiB on CUDA devices.
 
@@ -266,6 +267,8 @@ def plan_memory(config: Config, shape: ModelShape, *, device_memory: int | None 
                 * shape.kv_dim
                 * wbytes
             )
+            if config.sampler.prefix_cache_mb > 0:
+                rows["sampler prefix cache"] = int(config.sampler.prefix_cache_mb * 2**20)
         case "vllm":
             if memory is not None:
                 reserved = int(memory * config.sampler.gpu_memory_utilization)
