@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from results_md import replace_section
 
 import mcprl_tasks
@@ -49,6 +50,11 @@ def curve(run: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return evals, summary
 
 
+def model_name(run: Path) -> str:
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    return str(config["model"]["name"])
+
+
 def fmt(x: float | None) -> str:
     return "–" if x is None else f"{x:.3f}"
 
@@ -65,8 +71,8 @@ def section(grpo: Path, sft: Path, commands: str) -> str:
     lines = [
         SECTION,
         "",
-        "The default run (`uv run mcprl-train`, profile `cpu`): the embedded tiny Qwen3 (hidden 128, 2 layers,",
-        "0.64 M parameters), three real offline MCP servers over stdio (finance, calculator, messaging), the",
+        f"The default run (`uv run mcprl-train`, profile `cpu`): the embedded `{model_name(grpo)}` Qwen3 (see",
+        "`mcprl_policy.TINY_PRESETS`), three real offline MCP servers over stdio (finance, calculator, messaging), the",
         "`demo` task preset (quote, quote_mul, quote_ratio, post_quote; 1-3 tool calls), a warm start on 800",
         "demonstrations of the imperfect teacher, then GRPO (32 tasks x 8 episodes per step). Validation is greedy",
         f"on {n_val} held-out tasks; 'last-3 mean' averages the last three evaluations ({3 * n_val} episodes).",
