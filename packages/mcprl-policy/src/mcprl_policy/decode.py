@@ -204,15 +204,7 @@ class DecodeEngine:
         if self.params.repetition_penalty != 1.0:
             seen = torch.zeros(len(new), out.logits.shape[-1], dtype=torch.bool, device=device)
             seen.scatter_(1, ids.to(device), True)
-        tokens = self._choose(out.logits[:, -1], new, seen)
-        return _State(
-            rows=new,
-            cache=out.past_key_values,
-            mask=mask.to(device),
-            positions=mask.sum(-1).to(device),
-            last=tokens,
-            seen=seen,
-        )
+        return self._started(new, out, mask.to(device), seen)
 
     def _prefill_cached(self, hits: list[tuple[DecodeRequest, CachedPrefix]], device: torch.device) -> _State:
         """Prefill only what follows each row's cached prefix.
@@ -253,14 +245,15 @@ class DecodeEngine:
             seen = torch.zeros(len(hits), out.logits.shape[-1], dtype=torch.bool, device=device)
             for i, request in enumerate(rows):
                 seen[i, torch.tensor(request.prompt_ids, device=device)] = True
+        return self._started(rows, out, mask.to(device), seen)
+
+    def _started(
+        self, rows: list[DecodeRequest], out: Any, mask: torch.Tensor, seen: torch.Tensor | None
+    ) -> _State:
+        """Sample each prefilled row's first token; the rows' state, ready to merge into the batch."""
         tokens = self._choose(out.logits[:, -1], rows, seen)
         return _State(
-            rows=rows,
-            cache=out.past_key_values,
-            mask=mask.to(device),
-            positions=mask.sum(-1).to(device),
-            last=tokens,
-            seen=seen,
+            rows=rows, cache=out.past_key_values, mask=mask, positions=mask.sum(-1), last=tokens, seen=seen
         )
 
     def _decode_step(self, device: torch.device) -> list[DecodeRequest]:
