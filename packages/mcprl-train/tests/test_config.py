@@ -32,7 +32,7 @@ def test_profiles_select_their_hardware_setup() -> None:
     cpu = Config.load()
     assert (cpu.profile, cpu.model.name, cpu.model.dtype, cpu.sampler.backend) == (
         "cpu",
-        "tiny",
+        "tiny-8h",
         "float32",
         "hf",
     )
@@ -59,7 +59,7 @@ def test_user_file_and_overrides_win_in_order(tmp_path: Path) -> None:
     assert cfg.grpo.kl_coef == 0.05
     assert cfg.run.name == "mine"
     assert cfg.optim.lr == 1e-5
-    assert cfg.model.name == "tiny"
+    assert cfg.model.name == "tiny-8h"  # the profile's, untouched by the user file
 
 
 def test_json_config_file_is_accepted(tmp_path: Path) -> None:
