@@ -17,8 +17,16 @@ import anyio
 import pytest
 import torch
 
-from mcprl_policy import Completion, HFSampler, LoraSettings, MissingExtraError, Policy, SamplingParams
-from mcprl_policy.vllm_sampler import VLLMSampler, require_vllm
+from mcprl_policy import (
+    Completion,
+    HFSampler,
+    LoraSettings,
+    MissingExtraError,
+    Policy,
+    SamplerError,
+    SamplingParams,
+)
+from mcprl_policy.vllm_sampler import VLLMSampler, check_head_size, require_vllm
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (run scripts/test-vllm-cpu.sh)")
@@ -205,3 +213,21 @@ def test_vllm_seeded_sampling_survives_chunked_prefill(tiny_dir: Path) -> None:
     completions = anyio.run(_sample_concurrently, sampler, prompt, 8, 8)
     assert len(completions) == 8
     assert all(len(c.logprobs) == len(c.token_ids) > 0 for c in completions)
+
+
+def test_a_head_size_the_attention_backend_lacks_is_refused_before_the_engine_starts() -> None:
+    # vLLM's CPU backend (0.32) has kernels for these; tiny-8h's 16 failed every request at run time.
+    cpu_sizes = [32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512]
+    check_head_size(32, cpu_sizes, model="tiny")
+    with pytest.raises(SamplerError, match=r"head_dim=16: use the HF sampler"):
+        check_head_size(16, cpu_sizes, model="tiny-8h")
+
+
+@needs_vllm
+def test_the_sampler_refuses_tiny_8h_on_a_cpu_vllm(tmp_path: Path) -> None:
+    import vllm.platforms
+
+    if not vllm.platforms.current_platform.is_cpu():
+        pytest.skip("the check is for vLLM's CPU attention backend")
+    with pytest.raises(SamplerError, match="head_dim=16"):
+        VLLMSampler(Policy.from_pretrained("tiny-8h"))

@@ -75,6 +75,32 @@ def require_vllm() -> Any:
         raise MissingExtraError(f"{_HINT} ({exc})") from exc
 
 
+def check_head_size(head_dim: int, supported: Sequence[int], *, model: str) -> None:
+    """Refuse a model whose attention head size the vLLM attention backend has no kernel for.
+
+    vLLM's CPU backend checks this only when it first runs attention, so every request would fail; this makes
+    it one clear error before the engine starts.
+
+    Raises:
+        SamplerError: ``head_dim`` is not in ``supported``.
+    """
+    if head_dim not in supported:
+        raise SamplerError(
+            f"vLLM's attention backend here supports head sizes {list(supported)}, and {model!r} has "
+            f"head_dim={head_dim}: use the HF sampler (sampler.backend=hf) or a model with a supported head "
+            "size (the embedded `tiny` has 32; `tiny-8h` has 16)"
+        )
+
+
+def _cpu_head_sizes() -> list[int] | None:
+    """The head sizes of vLLM's CPU attention backend when vLLM runs on CPU, else None (no check)."""
+    platforms = importlib.import_module("vllm.platforms")
+    if not platforms.current_platform.is_cpu():
+        return None
+    backend = importlib.import_module("vllm.v1.attention.backends.cpu_attn")
+    return list(backend.CPUAttentionBackend.get_supported_head_sizes())
+
+
 def _in_process_engine() -> None:
     """Full-weight reload needs the engine core in this process: default vLLM's V1 multiprocessing off."""
     value = os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -171,6 +197,11 @@ class VLLMSampler:
         share_engine: bool = True,
     ) -> None:
         vllm = require_vllm()
+        supported = _cpu_head_sizes()
+        if supported is not None:
+            config: Any = policy.model.config
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            check_head_size(int(head_dim), supported, model=str(policy.base_model))
         if policy.lora is None:
             _in_process_engine()
         self.policy = policy
