@@ -223,6 +223,7 @@ def test_a_head_size_the_attention_backend_lacks_is_refused_before_the_engine_st
         check_head_size(16, cpu_sizes, model="tiny-8h")
 
 
+@pytest.mark.vllm
 @needs_vllm
 def test_the_sampler_refuses_tiny_8h_on_a_cpu_vllm(tmp_path: Path) -> None:
     import vllm.platforms
