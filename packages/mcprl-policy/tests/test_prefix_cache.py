@@ -7,7 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache, weights_version
+from mcprl_policy.fingerprint import weights_fingerprint
+from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache
 
 
 def _kv(n: int, layers: int = 2) -> CachedPrefix:
@@ -56,11 +57,11 @@ def test_a_zero_budget_stores_nothing_and_a_length_mismatch_is_refused() -> None
 
 def test_an_in_place_update_of_any_weight_changes_the_version() -> None:
     layer = torch.nn.Linear(3, 3)
-    before = weights_version(layer.parameters())
-    assert weights_version(layer.parameters()) == before
+    before = weights_fingerprint(layer)
+    assert weights_fingerprint(layer) == before
     with torch.no_grad():
         layer.bias.add_(1.0)
-    after = weights_version(layer.parameters())
+    after = weights_fingerprint(layer)
     assert after != before
     cache = PrefixCache(max_bytes=10**6)
     cache.validate(before)

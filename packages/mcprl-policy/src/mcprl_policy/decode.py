@@ -24,7 +24,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from mcprl_policy.config import SamplingParams
-from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache, weights_version
+from mcprl_policy.fingerprint import weights_fingerprint
+from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache
 
 __all__ = ["DecodeEngine", "DecodeRequest", "DecodeStats", "end_of_turn_ids"]
 
@@ -141,7 +142,7 @@ class DecodeEngine:
         """Generate until at least one request finishes (returned) or nothing is left to do (``[]``)."""
         device = next(self.model.parameters()).device
         if self.prefix.max_bytes:
-            self.prefix.validate(weights_version(self.model.parameters()))
+            self.prefix.validate(weights_fingerprint(self.model))
         with torch.inference_mode(), _eval_mode(self.model):
             while True:
                 self._drop(lambda r: r.cancelled)

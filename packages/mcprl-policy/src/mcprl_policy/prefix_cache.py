@@ -7,18 +7,21 @@ was computed (the prompt and every generated token but the last) under those tok
 prompt starts with such a sequence reuses that entry and prefills only the rest. Entries stay after use (the G
 episodes of a group often sample the same first turns, so several continuations share one entry), are evicted
 least-recently-used past a byte budget, and are all dropped when the model's weights change (the tensors'
-version counters move on any in-place update: an optimizer step, ``load_state_dict``, a weight sync).
+version counters, `mcprl_policy.fingerprint`, move on any in-place update: an optimizer step,
+``load_state_dict``, a weight sync).
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import attrs
 import torch
 
-__all__ = ["CachedPrefix", "PrefixCache", "weights_version"]
+from mcprl_policy.fingerprint import Fingerprint
+
+__all__ = ["CachedPrefix", "PrefixCache"]
 
 
 @attrs.frozen(kw_only=True)
@@ -37,11 +40,6 @@ class CachedPrefix:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
 
-def weights_version(parameters: Iterable[torch.Tensor]) -> tuple[int, ...]:
-    """A fingerprint that changes whenever any of ``parameters`` is modified in place or replaced."""
-    return tuple(v for p in parameters for v in (id(p), p._version))
-
-
 class PrefixCache:
     """Token-id-keyed KV entries with a byte budget (0 disables the cache).
 
@@ -56,7 +54,7 @@ class PrefixCache:
         self._entries: OrderedDict[tuple[int, ...], CachedPrefix] = OrderedDict()
         self._lengths: Counter[int] = Counter()
         self._bytes = 0
-        self._version: tuple[int, ...] | None = None
+        self._version: Fingerprint | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -65,7 +63,7 @@ class PrefixCache:
     def nbytes(self) -> int:
         return self._bytes
 
-    def validate(self, version: tuple[int, ...]) -> bool:
+    def validate(self, version: Fingerprint) -> bool:
         """Drop every entry if the weights changed since the entries were stored; True when they were kept."""
         if version == self._version:
             return True

