@@ -29,7 +29,7 @@ import yaml
 from results_md import replace_section
 
 import mcprl_tasks
-from mcprl_train.rundir import RunDir
+from mcprl_train.run.run_dir import RunDir
 
 SECTION = "## demo (issue 8)"
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
-from mcprl_train.checkpoint import CheckpointManager
 from mcprl_train.errors import CheckpointError
+from mcprl_train.run.checkpoint import CheckpointManager
 
 
 def _model_and_optimizer(seed: int) -> tuple[torch.nn.Linear, torch.optim.AdamW]:
@@ -140,7 +140,7 @@ _KILLED_WRITER = textwrap.dedent(
     import sys
     from pathlib import Path
     import torch
-    from mcprl_train.checkpoint import CheckpointManager
+    from mcprl_train.run.checkpoint import CheckpointManager
 
     manager = CheckpointManager(Path(sys.argv[1]))
     manager.save(1, state_dicts={"weights": {"w": torch.ones(1000)}}, meta={"n": 1})

@@ -113,7 +113,7 @@ def test_resume_without_a_run_is_an_error(capsys: pytest.CaptureFixture[str], tm
 
 
 def test_plots_subcommand_writes_pngs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from mcprl_train.rundir import RunDir
+    from mcprl_train.run.run_dir import RunDir
 
     run_dir = RunDir.create(Config.load(overrides=[f"run.output_dir={tmp_path}", "run.name=x"]))
     run_dir.append_metrics(1, {"rollout/reward_mean": 0.5, "loss/kl": 0.1})
@@ -133,7 +133,7 @@ def test_training_a_deepspeed_profile_relaunches_itself_under_torchrun(
         calls.append(command)
         return subprocess.CompletedProcess(command, 3)
 
-    monkeypatch.setattr("mcprl_train.launch.subprocess.run", fake_run)
+    monkeypatch.setattr("mcprl_train.parallel.launch.subprocess.run", fake_run)
     args = ["--profile", "a100x2", "--set", f"run.output_dir={tmp_path}", "--set", "model.device=cpu"]
     assert main(args) == 3  # the workers' exit code
     [command] = calls
@@ -154,7 +154,7 @@ def test_a_deepspeed_run_needs_a_gpu_per_process_on_cuda(
 
 
 def test_the_deepspeed_launchers_local_rank_argument_is_dropped() -> None:
-    from mcprl_train.launch import launched, strip_local_rank
+    from mcprl_train.parallel.launch import launched, strip_local_rank
 
     assert strip_local_rank(["--local_rank=1", "--profile", "a100x2"]) == ["--profile", "a100x2"]
     assert strip_local_rank(["--local-rank", "0", "train"]) == ["train"]

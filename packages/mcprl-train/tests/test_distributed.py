@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from mcprl_train.config import Config
-from mcprl_train.distributed import (
+from mcprl_train.errors import DistributedError
+from mcprl_train.parallel.deepspeed import (
     deepspeed_config,
     equalize,
     fixed_token_groups,
@@ -20,7 +21,6 @@ from mcprl_train.distributed import (
     shard_groups,
     token_group,
 )
-from mcprl_train.errors import DistributedError
 
 
 def test_a100x2_generates_a_zero3_bf16_config_without_a_deepspeed_optimizer() -> None:
@@ -71,7 +71,7 @@ def test_fixed_token_groups_are_the_same_on_every_call() -> None:
 
 def test_init_without_a_launcher_says_how_to_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    with pytest.raises(DistributedError, match=r"torchrun --nproc-per-node N -m mcprl_train\.distributed"):
+    with pytest.raises(DistributedError, match=r"torchrun --nproc-per-node N -m mcprl_train \.\.\."):
         init_distributed()
 
 
@@ -105,7 +105,7 @@ def test_a100x2_code_path_on_two_cpu_processes_leaves_identical_updated_paramete
         "--master-port",
         str(_free_port()),
         "-m",
-        "mcprl_train.distributed",
+        "mcprl_train.parallel.deepspeed",
         "--profile",
         "a100x2",
         "--steps",
@@ -151,7 +151,7 @@ def test_each_rank_collects_its_own_share_of_rollouts_on_the_mcp_servers(tmp_pat
         "--master-port",
         str(_free_port()),
         "-m",
-        "mcprl_train.distributed",
+        "mcprl_train.parallel.deepspeed",
         "--profile",
         "a100x2",
         "--rollouts",

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from mcprl_train.commands.doctor import CheckResult, render_report, run_checks
 from mcprl_train.config import Config
-from mcprl_train.doctor import CheckResult, render_report, run_checks
 
 _SERVER = textwrap.dedent(
     """

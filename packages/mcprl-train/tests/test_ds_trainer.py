@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import mcprl_tasks
-from mcprl_train.rundir import RunDir
+from mcprl_train.run.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 

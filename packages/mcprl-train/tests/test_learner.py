@@ -14,7 +14,13 @@ from mcprl_env import Episode, EpisodeGroup, Task
 from mcprl_policy import Policy
 from mcprl_train.config import Config
 from mcprl_train.errors import RatioHealthError
-from mcprl_train.learner import Learner, check_ratio_health, episode_sample, pack_indices, split_minibatches
+from mcprl_train.loop.learner import (
+    Learner,
+    check_ratio_health,
+    episode_sample,
+    pack_indices,
+    split_minibatches,
+)
 
 
 @pytest.fixture(scope="module")

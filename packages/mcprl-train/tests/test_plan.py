@@ -6,9 +6,9 @@ import pytest
 from rich.console import Console
 from transformers import Qwen3Config
 
+from mcprl_train.commands.plan import ModelShape, load_model_shape, plan_memory, render_plan
 from mcprl_train.config import Config
 from mcprl_train.errors import PlanError
-from mcprl_train.plan import ModelShape, load_model_shape, plan_memory, render_plan
 
 GIB = 1024**3
 

@@ -5,8 +5,8 @@ from pathlib import Path
 from PIL import Image
 
 from mcprl_train.config import Config
-from mcprl_train.plots import series, write_plots
-from mcprl_train.rundir import RunDir
+from mcprl_train.run.plots import series, write_plots
+from mcprl_train.run.run_dir import RunDir
 
 
 def _run_dir(tmp_path: Path) -> RunDir:

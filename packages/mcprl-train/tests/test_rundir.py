@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 
 from mcprl_train.config import Config
 from mcprl_train.errors import RunDirError
-from mcprl_train.rundir import RunDir, read_jsonl
+from mcprl_train.run.run_dir import RunDir, read_jsonl
 
 
 def _config(tmp_path: Path, name: str = "r1") -> Config:
@@ -113,7 +113,7 @@ def test_rewind_cuts_the_torn_line_and_drops_later_steps(tmp_path: Path) -> None
 _HEAVY_APPENDER = textwrap.dedent(
     """
     import sys
-    from mcprl_train.rundir import RunDir
+    from mcprl_train.run.run_dir import RunDir
 
     run_dir = RunDir.open(sys.argv[1])
     payload = "x" * 20000

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from mcprl_policy.tiny import build_tiny_model
-from mcprl_train.sft import render_example
+from mcprl_train.loop.warm_start import render_example
 
 CALL = '<tool_call>{"name": "get_quote", "arguments": {"symbol": "ACME"}}</tool_call>'
 

@@ -11,8 +11,8 @@ import structlog
 
 from mcprl_train.config import Config
 from mcprl_train.errors import TrackingError
-from mcprl_train.rundir import RunDir
-from mcprl_train.tracking import Tracker, configure_logging, resolve_wandb_mode
+from mcprl_train.run.run_dir import RunDir
+from mcprl_train.run.tracking import Tracker, configure_logging, resolve_wandb_mode
 
 _HINT = "the tracking extra is not installed: pip install 'mcprl-train[tracking]'"
 needs_wandb = pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason=_HINT)

@@ -11,8 +11,8 @@ import torch
 
 import mcprl_tasks
 from mcprl_train.config import Config
-from mcprl_train.rundir import RunDir
-from mcprl_train.trainer import Trainer
+from mcprl_train.loop.trainer import Trainer
+from mcprl_train.run.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 

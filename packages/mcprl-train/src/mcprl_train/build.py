@@ -1,7 +1,7 @@
 """Build the parts of a run from its config: policy, samplers, tool servers, environment, tasks, demos.
 
 Everything that turns config values into objects of the other packages lives here, so the loop
-(`mcprl_train.trainer`) reads as wiring only.
+(`mcprl_train.loop.trainer`) reads as wiring only.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def build_reference(config: Any, policy: Any) -> Any:
 
 
 def sft_settings(config: Any) -> Any:
-    """`mcprl_train.sft.SFTSettings` from `config.sft` and `config.optim.micro_batch_tokens`."""
-    from mcprl_train.sft import SFTSettings
+    """`mcprl_train.loop.warm_start.SFTSettings` from `config.sft` and `config.optim.micro_batch_tokens`."""
+    from mcprl_train.loop.warm_start import SFTSettings
 
     sft = config.sft
     return SFTSettings(

@@ -100,7 +100,7 @@ def _load(args: argparse.Namespace) -> Config:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mcprl-train`` console script; returns the exit code."""
-    from mcprl_train.launch import strip_local_rank
+    from mcprl_train.parallel.launch import strip_local_rank
 
     raw = strip_local_rank(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(_with_default_command(raw))
@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from mcprl_train.plan import load_model_shape, plan_memory, render_plan
+    from mcprl_train.commands.plan import load_model_shape, plan_memory, render_plan
 
     config = _load(args)
     if args.model is not None:
@@ -137,7 +137,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from mcprl_train.doctor import render_report, run_checks
+    from mcprl_train.commands.doctor import render_report, run_checks
 
     config = _load(args)
     results = run_checks(config, servers=not args.skip_servers)
@@ -146,8 +146,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _plots(args: argparse.Namespace) -> int:
-    from mcprl_train.plots import write_plots
-    from mcprl_train.rundir import RunDir
+    from mcprl_train.run.plots import write_plots
+    from mcprl_train.run.run_dir import RunDir
 
     for path in write_plots(RunDir.open(args.run_dir)):
         print(path)
@@ -157,7 +157,7 @@ def _plots(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     import anyio
 
-    from mcprl_train.tracking import configure_logging
+    from mcprl_train.run.tracking import configure_logging
 
     configure_logging()
     summary = anyio.run(_evaluate_checkpoint, Path(args.checkpoint), list(args.overrides))
@@ -170,9 +170,9 @@ async def _evaluate_checkpoint(path: Path, overrides: list[str]) -> dict[str, An
     from mcprl_env import Environment
     from mcprl_tools import ToolManager
     from mcprl_train import build
-    from mcprl_train.checkpoint import CheckpointManager
-    from mcprl_train.evaluate import evaluate_tasks
-    from mcprl_train.rundir import RunDir
+    from mcprl_train.loop.evaluation import evaluate_tasks
+    from mcprl_train.run.checkpoint import CheckpointManager
+    from mcprl_train.run.run_dir import RunDir
 
     if (path / "manifest.json").is_file():
         run_dir = RunDir.open(path.parent.parent)
@@ -222,7 +222,7 @@ def _locate_run(args: argparse.Namespace) -> Path:
 
 def _peek_config(args: argparse.Namespace) -> Config:
     """The config a ``train`` invocation would run, without creating or changing anything."""
-    from mcprl_train.rundir import RunDir
+    from mcprl_train.run.run_dir import RunDir
 
     if args.resume is None:
         return _load(args)
@@ -230,7 +230,7 @@ def _peek_config(args: argparse.Namespace) -> Config:
 
 
 def _resolve_run(args: argparse.Namespace) -> tuple[Config, Any, bool]:
-    from mcprl_train.rundir import RunDir
+    from mcprl_train.run.run_dir import RunDir
 
     if args.resume is None:
         config = _load(args)
@@ -246,16 +246,16 @@ def _resolve_run(args: argparse.Namespace) -> tuple[Config, Any, bool]:
 def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     config = _peek_config(args)
     if config.distributed.backend == "deepspeed":
-        from mcprl_train.launch import launched, relaunch, train_rank
+        from mcprl_train.parallel.launch import launched, relaunch, train_rank
 
         if not launched():
             # Nothing is created here: the workers resolve the run (rank 0) and share it.
             return relaunch(config.distributed.num_gpus, argv, device=config.model.device)
         return train_rank(lambda: _resolve_run(args))
     config, run_dir, resume = _resolve_run(args)
-    from mcprl_train.plots import write_plots
-    from mcprl_train.tracking import Tracker, configure_logging
-    from mcprl_train.trainer import Trainer
+    from mcprl_train.loop.trainer import Trainer
+    from mcprl_train.run.plots import write_plots
+    from mcprl_train.run.tracking import Tracker, configure_logging
 
     configure_logging(level=config.tracking.log_level, log_file=run_dir.log_path)
     tracker = Tracker(config, run_dir).start()

@@ -21,7 +21,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from mcprl_train.rundir import RunDir
+from mcprl_train.run.run_dir import RunDir
 
 __all__ = ["series", "write_plots"]
 

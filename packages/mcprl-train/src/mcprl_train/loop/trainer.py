@@ -18,13 +18,13 @@ import structlog
 import torch
 
 from mcprl_train import build
-from mcprl_train.data import StreamPosition, TaskStream
-from mcprl_train.evaluate import evaluate_tasks
-from mcprl_train.learner import Learner
-from mcprl_train.progress import RunProgress
-from mcprl_train.rollout import check_invalid_rate, collect_groups, rollout_metrics
-from mcprl_train.rundir import RunDir
-from mcprl_train.sft import SFTStage, render_example
+from mcprl_train.loop.collection import check_invalid_rate, collect_groups, rollout_metrics
+from mcprl_train.loop.evaluation import evaluate_tasks
+from mcprl_train.loop.learner import Learner
+from mcprl_train.loop.task_stream import StreamPosition, TaskStream
+from mcprl_train.loop.warm_start import SFTStage, render_example
+from mcprl_train.run.progress import RunProgress
+from mcprl_train.run.run_dir import RunDir
 
 logger = structlog.get_logger()
 
@@ -72,11 +72,11 @@ class Trainer:
 
     Args:
         config: The resolved `mcprl_train.config.Config`.
-        run_dir: The `mcprl_train.rundir.RunDir` (created by the caller with `RunDir.create` / `RunDir.open`).
+        run_dir: The `mcprl_train.run.run_dir.RunDir` (created by the caller with `RunDir.create` / `RunDir.open`).
         resume: Continue from the run directory's last complete checkpoint.
         hooks: Called as `hook(event, trainer)` at `before_rollout`, `after_rollout`, `after_update`,
             `after_step`, `after_checkpoint` (tests use them to inspect or interrupt a run).
-        progress: Progress bars (`mcprl_train.progress.RunProgress`); None builds them from
+        progress: Progress bars (`mcprl_train.run.progress.RunProgress`); None builds them from
             `tracking.progress` (shown only on a terminal).
     """
 
@@ -147,7 +147,7 @@ class Trainer:
                 return await self.stages()
 
     def find_checkpoint(self) -> Any:
-        """The checkpoint to resume from (`mcprl_train.checkpoint.Checkpoint`), or None."""
+        """The checkpoint to resume from (`mcprl_train.run.checkpoint.Checkpoint`), or None."""
         return self.run_dir.checkpoints.load_latest()
 
     def build_learning(self, loaded: Any) -> None:
@@ -489,7 +489,7 @@ class Trainer:
         """Write the run's summary (`summary.json`, see `summary`), log it and return it."""
         import json
 
-        from mcprl_train.rundir import _atomic_write_text
+        from mcprl_train.run.run_dir import _atomic_write_text
 
         summary = self.summary()
         _atomic_write_text(self.run_dir.path / "summary.json", json.dumps(summary, indent=2) + "\n")

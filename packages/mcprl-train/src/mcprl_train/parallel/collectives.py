@@ -5,7 +5,7 @@ the run deadlocks (the launcher's watchdog ends it). Without an initialised proc
 one process would (`world_size` 1, the value itself), so callers need no special case.
 
 Object collectives pickle their payload (episode groups, config trees, small metric dicts); on NCCL they go
-through the current CUDA device, which `mcprl_train.distributed.init_distributed` sets to the local rank.
+through the current CUDA device, which `mcprl_train.parallel.deepspeed.init_distributed` sets to the local rank.
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ What is here:
 - `DeepSpeedGRPO`: the policy wrapped in a DeepSpeed engine and one GRPO update (group advantages, clipped
   surrogate, token-mean) per call; every rank runs the same number of forward passes (ZeRO-3 gathers the
   parameters collectively in each one).
-- `main`: the launcher entry ``python -m mcprl_train.distributed``, a bare ZeRO smoke test without a run
+- `main`: the launcher entry ``python -m mcprl_train.parallel.deepspeed``, a bare ZeRO smoke test without a run
   directory: GRPO steps on fixed token batches (or, with ``--rollouts``, on each rank's share of task
   groups), reporting a hash of the full parameters per rank.
 
 The full training loop under DeepSpeed — ``mcprl-train --profile a100x2``, with evaluation, checkpoints and
-resume — is `mcprl_train.launch` (self-relaunch under torchrun), `mcprl_train.ds_trainer` (one rank of the
-loop) and `mcprl_train.ds_learner` (the `Learner` math on the engine); they use the pieces above.
+resume — is `mcprl_train.parallel.launch` (self-relaunch under torchrun), `mcprl_train.parallel.ds_trainer` (one rank of the
+loop) and `mcprl_train.parallel.ds_learner` (the `Learner` math on the engine); they use the pieces above.
 
 Multi-node: the same entries under a launcher on every node (``deepspeed --hostfile hosts --num_nodes 2
 --num_gpus 8 --module mcprl_train --profile a100x2``; see the README).
@@ -96,7 +96,8 @@ def init_distributed() -> tuple[int, int]:
     if "WORLD_SIZE" not in os.environ:
         raise DistributedError(
             "not started by a launcher (WORLD_SIZE unset): run under "
-            "`torchrun --nproc-per-node N -m mcprl_train.distributed ...` or `deepspeed --num_gpus N ...`"
+            "`torchrun --nproc-per-node N -m mcprl_train ...` or `deepspeed --num_gpus N --module mcprl_train ...` "
+            "(plain `mcprl-train` with distributed.backend=deepspeed launches itself)"
         )
     if torch.cuda.is_available():
         # One device per process; object collectives on NCCL go through the current device.
@@ -305,7 +306,7 @@ async def collect_share(
     from mcprl_env import Environment
     from mcprl_tools import ToolManager
     from mcprl_train import build
-    from mcprl_train.rollout import collect_groups
+    from mcprl_train.loop.collection import collect_groups
 
     async with ToolManager(build.servers_config(config)) as manager:
         env = Environment(manager=manager, tokenizer=tokenizer, config=build.env_config(config))
@@ -329,7 +330,7 @@ class _RolloutSide:
 
     def __init__(self, config: Config, *, rank: int, world: int, weights: dict[str, torch.Tensor]) -> None:
         from mcprl_train import build
-        from mcprl_train.data import TaskStream
+        from mcprl_train.loop.task_stream import TaskStream
 
         self.config, self.rank, self.world = config, rank, world
         self.replica = build.build_policy(config)
@@ -358,12 +359,12 @@ class _RolloutSide:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m mcprl_train.distributed``: ZeRO GRPO steps of a profile, on fixed token batches or rollouts.
+    """``python -m mcprl_train.parallel.deepspeed``: ZeRO GRPO steps of a profile, on fixed token batches or rollouts.
 
     Prints one line per rank: ``rank=<r> digest=<sha256 of the full parameters> changed=<bool>`` (and with
     ``--out DIR`` writes it as ``DIR/rank-<r>.json``).
     """
-    parser = argparse.ArgumentParser(prog="python -m mcprl_train.distributed")
+    parser = argparse.ArgumentParser(prog="python -m mcprl_train.parallel.deepspeed")
     parser.add_argument("--profile", default="a100x2")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--steps", type=int, default=2)

@@ -6,11 +6,11 @@ Layout::
       config.yaml           the resolved config (`Config.to_yaml`), rewritten atomically
       metrics.jsonl         one object per logged step: {"run", "kind", "step", "time", <metric keys>...}
       trajectories.jsonl    one object per episode: {"run", "step", "episode_id", ...}
-      training.log          the structlog JSON lines of the run (`mcprl_train.tracking.configure_logging`)
-      plots/*.png           `mcprl_train.plots.write_plots`
-      checkpoints/          `mcprl_train.checkpoint.CheckpointManager` (``step-00000010/``, ``latest``)
+      training.log          the structlog JSON lines of the run (`mcprl_train.run.tracking.configure_logging`)
+      plots/*.png           `mcprl_train.run.plots.write_plots`
+      checkpoints/          `mcprl_train.run.checkpoint.CheckpointManager` (``step-00000010/``, ``latest``)
 
-API (used by `mcprl_train.trainer.Trainer`):
+API (used by `mcprl_train.loop.trainer.Trainer`):
 
 - ``RunDir.create(config)`` — a new run under ``config.run.output_dir`` named ``config.run.name`` (or a
   timestamped name); refuses a directory that already holds a run. Writes ``config.yaml``.
@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import structlog
 
-from mcprl_train.checkpoint import CheckpointManager, fsync_dir
 from mcprl_train.errors import RunDirError
+from mcprl_train.run.checkpoint import CheckpointManager, fsync_dir
 
 if TYPE_CHECKING:
     from mcprl_train.config import Config

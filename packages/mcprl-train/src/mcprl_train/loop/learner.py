@@ -386,7 +386,7 @@ class Learner:
         metrics["perf/train_tokens"] = float(sum(len(i) for m in micros for i in m.ids))
         return metrics
 
-    # -- what a data-parallel learner (`mcprl_train.ds_learner`) replaces ---------------------------------
+    # -- what a data-parallel learner (`mcprl_train.parallel.ds_learner`) replaces ---------------------------------
 
     def reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
         """A minibatch's loss normaliser summed over data-parallel ranks (one process: itself)."""

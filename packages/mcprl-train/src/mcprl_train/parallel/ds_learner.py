@@ -1,4 +1,4 @@
-"""The GRPO learner on a DeepSpeed engine: `mcprl_train.learner.Learner`'s math, data-parallel over ranks.
+"""The GRPO learner on a DeepSpeed engine: `mcprl_train.loop.learner.Learner`'s math, data-parallel over ranks.
 
 `DeepSpeedLearner` keeps everything `Learner` does — training targets from episodes, packing, the trainer-side
 recompute of old/reference logprobs, PPO epochs × minibatches, the clipped surrogate with KL, entropy and
@@ -12,7 +12,7 @@ value terms, the ratio-health check, the LR schedule — and replaces only what 
   ``grpo.aggregation``) is summed over the ranks and each rank's loss is multiplied by the world size,
   undoing DeepSpeed's gradient averaging: the update is the one a single process would make on every rank's
   samples together (up to packing and float summation order). Advantages are per task group and a group
-  never spans ranks (`mcprl_train.distributed.shard_groups`), so they need no communication.
+  never spans ranks (`mcprl_train.parallel.deepspeed.shard_groups`), so they need no communication.
 - **Every rank runs the same forward passes.** Under ZeRO-3 each module call all-gathers that module's
   parameter shards collectively, so the ranks must make the same module calls in the same order. Before an
   update the ranks agree on the number of micro-batches (the largest) and, per micro-batch, on the number of
@@ -39,11 +39,11 @@ import torch
 from torch import nn
 
 from mcprl_policy import PackedForward
-from mcprl_train import collectives
-from mcprl_train.distributed import deepspeed_config, require_deepspeed
 from mcprl_train.errors import DistributedError
 from mcprl_train.forward import policy_forward
-from mcprl_train.learner import Learner, Sample, _Micro, _micro
+from mcprl_train.loop.learner import Learner, Sample, _Micro, _micro
+from mcprl_train.parallel import collectives
+from mcprl_train.parallel.deepspeed import deepspeed_config, require_deepspeed
 
 __all__ = ["ENGINE_TAG", "DeepSpeedLearner", "filler_sample", "logit_chunks", "pad_to_chunks"]
 

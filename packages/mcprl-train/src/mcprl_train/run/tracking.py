@@ -8,7 +8,7 @@
   wins over ``auto``; ``disabled`` never imports wandb. ``tracking.weave: true`` traces every episode as a
   weave call; weave has no offline mode, so it needs ``WANDB_API_KEY`` (or ``WEAVE_DISABLED=true``, which
   makes it a no-op) — otherwise `Tracker.start` fails with an error saying so.
-- `Tracker.hook` is a `mcprl_train.trainer.Trainer` hook: after each step it forwards the new metrics
+- `Tracker.hook` is a `mcprl_train.loop.trainer.Trainer` hook: after each step it forwards the new metrics
   records to wandb and the new ``trajectories.jsonl`` lines to weave.
 """
 
@@ -26,7 +26,7 @@ import structlog
 
 from mcprl_train.config import Config
 from mcprl_train.errors import TrackingError
-from mcprl_train.rundir import RunDir
+from mcprl_train.run.run_dir import RunDir
 
 __all__ = ["Tracker", "configure_logging", "resolve_wandb_mode"]
 

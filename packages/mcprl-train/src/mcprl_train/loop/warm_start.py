@@ -18,7 +18,7 @@ import structlog
 import torch
 
 from mcprl_train.forward import Layout, policy_forward
-from mcprl_train.learner import pack_indices, warmup_lambda
+from mcprl_train.loop.learner import pack_indices, warmup_lambda
 
 logger = structlog.get_logger()
 

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import attrs
 import yaml
 
-from mcprl_train.config_layers import (
+from mcprl_train.config.layers import (
     check_value,
     deep_merge,
     parse_override,
@@ -553,7 +553,7 @@ class Config:
 
 def list_profiles() -> list[str]:
     """Names of the profiles shipped with the package."""
-    root = resources.files("mcprl_train") / "profiles"
+    root = resources.files("mcprl_train.config") / "profiles"
     return sorted(p.name.removesuffix(".yaml") for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
@@ -561,7 +561,7 @@ def list_profiles() -> list[str]:
 
 
 def _profile_data(name: str) -> dict[str, Any]:
-    path = resources.files("mcprl_train") / "profiles" / f"{name}.yaml"
+    path = resources.files("mcprl_train.config") / "profiles" / f"{name}.yaml"
     if not path.is_file():
         known = list_profiles()
         near = difflib.get_close_matches(name, known, n=1)

@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from mcprl_train.rollout import collect_groups, rollout_metrics
+from mcprl_train.loop.collection import collect_groups, rollout_metrics
 
 logger = structlog.get_logger()
 

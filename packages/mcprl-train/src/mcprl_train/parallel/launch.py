@@ -126,11 +126,11 @@ def train_rank(resolve_run: Callable[[], tuple[Any, Any, bool]]) -> int:
     """
     import json
 
-    from mcprl_train import collectives
     from mcprl_train.config import Config
-    from mcprl_train.distributed import init_distributed
     from mcprl_train.errors import TrainError
-    from mcprl_train.rundir import RunDir
+    from mcprl_train.parallel import collectives
+    from mcprl_train.parallel.deepspeed import init_distributed
+    from mcprl_train.run.run_dir import RunDir
 
     rank, world = init_distributed()
     shared: dict[str, Any] = {}
@@ -159,9 +159,9 @@ def train_rank(resolve_run: Callable[[], tuple[Any, Any, bool]]) -> int:
 
 
 def _train_as_rank(config: Any, run_dir: Any, *, resume: bool, rank: int, world: int) -> dict[str, Any]:
-    from mcprl_train.ds_trainer import DistributedTrainer
-    from mcprl_train.plots import write_plots
-    from mcprl_train.tracking import Tracker, configure_logging
+    from mcprl_train.parallel.ds_trainer import DistributedTrainer
+    from mcprl_train.run.plots import write_plots
+    from mcprl_train.run.tracking import Tracker, configure_logging
 
     main = rank == 0
     configure_logging(

@@ -1,20 +1,20 @@
 """The training loop as one rank of a DeepSpeed run (``distributed.backend=deepspeed``).
 
-`DistributedTrainer` is `mcprl_train.trainer.Trainer` with the parts data parallelism changes:
+`DistributedTrainer` is `mcprl_train.loop.trainer.Trainer` with the parts data parallelism changes:
 
 - **Two copies of the policy per rank.** The trained one is partitioned by ZeRO-3 inside
-  `mcprl_train.ds_learner.DeepSpeedLearner`; a full *replica* (eval mode, no gradients) is what the samplers
+  `mcprl_train.parallel.ds_learner.DeepSpeedLearner`; a full *replica* (eval mode, no gradients) is what the samplers
   generate from. After every update (and after a restore) the ranks gather the full parameters together and
   each loads them into its replica, so every rank samples from the weights just trained. The KL reference is
   a frozen copy of the replica (re-synced from it every ``run.ref_sync_every`` steps).
 - **Collection is sharded by task group.** Every rank reads the same task stream (same seed), takes the
-  step's ``tasks_per_step`` tasks and runs its share (`mcprl_train.distributed.shard_groups`) against its own
+  step's ``tasks_per_step`` tasks and runs its share (`mcprl_train.parallel.deepspeed.shard_groups`) against its own
   MCP servers. The groups are all-gathered, so every rank sees the same step: the invalid-episode check, the
   zero-variance back-fill decision (the extra tasks are again taken by all and sharded) and the logged
   metrics are identical everywhere; each rank learns on its own groups only.
 - **Evaluation is sharded the same way and needs no ZeRO collective**: it generates from the replicas,
   which are full copies, so no rank waits on another while generating. Each rank evaluates
-  ``val_tasks[rank::world]``; the groups are gathered and `mcprl_train.evaluate.evaluation_metrics` is computed
+  ``val_tasks[rank::world]``; the groups are gathered and `mcprl_train.loop.evaluation.evaluation_metrics` is computed
   on all of them. (Evaluating from the partitioned model, or on rank 0 alone with the partitioned model,
   would need every rank in every forward pass — the replica design avoids both.)
 - **Rank 0 alone writes the run directory**: metrics, every rank's trajectories, the summary, plots (by the
@@ -45,14 +45,15 @@ from typing import Any
 import structlog
 import torch
 
-from mcprl_train import build, collectives
-from mcprl_train.distributed import shard_groups
-from mcprl_train.ds_learner import DeepSpeedLearner, load_full_state
+from mcprl_train import build
 from mcprl_train.errors import DistributedError
-from mcprl_train.evaluate import evaluate_tasks, evaluation_metrics
-from mcprl_train.progress import RunProgress
-from mcprl_train.rundir import RunDir
-from mcprl_train.trainer import Hook, Trainer
+from mcprl_train.loop.evaluation import evaluate_tasks, evaluation_metrics
+from mcprl_train.loop.trainer import Hook, Trainer
+from mcprl_train.parallel import collectives
+from mcprl_train.parallel.deepspeed import shard_groups
+from mcprl_train.parallel.ds_learner import DeepSpeedLearner, load_full_state
+from mcprl_train.run.progress import RunProgress
+from mcprl_train.run.run_dir import RunDir
 
 __all__ = ["DistributedTrainer", "replica_digest"]
 

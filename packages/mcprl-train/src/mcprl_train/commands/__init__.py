@@ -1,0 +1,1 @@
+"""Subcommands beside training: the memory plan and the setup check."""

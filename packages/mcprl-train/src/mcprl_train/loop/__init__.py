@@ -1,0 +1,1 @@
+"""The training loop: trainer, learner, collection, evaluation, warm start, task stream."""

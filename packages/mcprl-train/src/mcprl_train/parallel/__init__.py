@@ -1,0 +1,1 @@
+"""Data parallelism: collectives, the torchrun launch, the DeepSpeed backend."""

@@ -1,0 +1,1 @@
+"""What a run leaves on disk and shows: run directory, checkpoints, tracking, plots, progress."""
