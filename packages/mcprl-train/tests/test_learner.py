@@ -14,13 +14,8 @@ from mcprl_env import Episode, EpisodeGroup, Task
 from mcprl_policy import Policy
 from mcprl_train.config import Config
 from mcprl_train.errors import RatioHealthError
-from mcprl_train.loop.learner import (
-    Learner,
-    check_ratio_health,
-    episode_sample,
-    pack_indices,
-    split_minibatches,
-)
+from mcprl_train.loop.learner import Learner, check_ratio_health, split_minibatches
+from mcprl_train.loop.samples import episode_sample, pack_indices
 
 
 @pytest.fixture(scope="module")

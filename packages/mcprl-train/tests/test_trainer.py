@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import mcprl_tasks
+from mcprl_policy import HFSampler
 from mcprl_train.config import Config
 from mcprl_train.loop.trainer import Trainer
 from mcprl_train.run.run_dir import RunDir
@@ -83,6 +84,7 @@ class Recorder:
         step = trainer.state.step
         match event:
             case "before_rollout":
+                assert isinstance(trainer.sampler, HFSampler)
                 self.sampler_params_before[step + 1] = params_of(trainer.sampler.policy)
             case "after_step":
                 self.tasks[step] = list(trainer.last_step_tasks)

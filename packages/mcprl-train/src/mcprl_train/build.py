@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from mcprl_train.errors import ConfigError
+from mcprl_train.errors import ConfigError, DistributedError
+
+if TYPE_CHECKING:
+    from mcprl_train.loop.update import TorchBackend
 
 logger = structlog.get_logger()
 
@@ -52,6 +55,27 @@ def build_policy(config: Any, *, source: str | None = None) -> Any:
     )
     policy.logits_chunk_size = config.optim.logits_chunk_size
     return policy
+
+
+def torch_backend(config: Any, *, source: str | None = None) -> TorchBackend:
+    """The trained policy with its update in this process (`mcprl_train.loop.update.TorchBackend`).
+
+    Args:
+        config: The run config.
+        source: A saved policy directory to load instead of `config.model.name` (a checkpoint's `policy/`).
+
+    Raises:
+        DistributedError: the config asks for DeepSpeed, whose backend the launched ranks build
+            (`mcprl-train` launches them).
+    """
+    from mcprl_train.loop.update import TorchBackend
+
+    if config.distributed.backend != "none":
+        raise DistributedError(
+            f"distributed.backend={config.distributed.backend}: the update runs on the ranks `mcprl-train` "
+            "launches; run the config with mcprl-train, or set distributed.backend=none"
+        )
+    return TorchBackend(build_policy(config, source=source), config.optim)
 
 
 def build_reference(config: Any, policy: Any) -> Any:

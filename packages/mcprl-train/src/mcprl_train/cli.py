@@ -20,12 +20,16 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from mcprl_train.config import DEFAULT_PROFILE, Config, list_profiles
 from mcprl_train.errors import TrainError
+
+if TYPE_CHECKING:
+    from mcprl_train.loop.trainer import BackendFactory
+    from mcprl_train.run.run_dir import RunDir
 
 __all__ = ["build_parser", "main"]
 
@@ -251,18 +255,48 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if not launched():
             # Nothing is created here: the workers resolve the run (rank 0) and share it.
             return relaunch(config.distributed.num_gpus, argv, device=config.model.device)
-        return train_rank(lambda: _resolve_run(args))
+        return train_rank(lambda: _resolve_run(args), run_training)
     config, run_dir, resume = _resolve_run(args)
+    summary = run_training(config, run_dir, resume)
+    print(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    return 0
+
+
+def run_training(
+    config: Config, run_dir: RunDir, resume: bool, backend: BackendFactory | None = None
+) -> dict[str, Any]:
+    """One process's training run (one rank's in a data-parallel run); returns the summary.
+
+    Rank 0 logs to the console and ``training.log``, tracks (wandb, weave) and writes the plots; the other
+    ranks log warnings to stderr.
+    """
+    import structlog
+
+    from mcprl_train import collectives
     from mcprl_train.loop.trainer import Trainer
     from mcprl_train.run.plots import write_plots
     from mcprl_train.run.tracking import Tracker, configure_logging
 
-    configure_logging(level=config.tracking.log_level, log_file=run_dir.log_path)
-    tracker = Tracker(config, run_dir).start()
+    main = collectives.rank() == 0
+    configure_logging(
+        level=config.tracking.log_level if main else "warning", log_file=run_dir.log_path if main else None
+    )
+    if collectives.world_size() > 1:
+        structlog.contextvars.bind_contextvars(rank=collectives.rank())
+        structlog.get_logger().info(
+            "rank_started", world_size=collectives.world_size(), device=config.model.device
+        )
+    tracker = Tracker(config, run_dir).start() if main else None
     try:
-        summary = Trainer(config, run_dir, resume=resume, hooks=(tracker.hook,)).run()
+        trainer = Trainer(
+            config,
+            run_dir,
+            resume=resume,
+            backend=backend,
+            hooks=(tracker.hook,) if tracker is not None else (),
+        )
+        return trainer.run()
     finally:
-        tracker.finish()
-        write_plots(run_dir)
-    print(json.dumps(summary, indent=2, sort_keys=True, default=str))
-    return 0
+        if tracker is not None:
+            tracker.finish()
+            write_plots(run_dir)

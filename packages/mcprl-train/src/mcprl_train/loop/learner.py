@@ -4,9 +4,14 @@ The math (advantages, GAE, clipped surrogate, KL, value loss, aggregation, ratio
 forward pass over packed sequences is mcprl-policy's. This module owns the orchestration around them:
 training targets from episodes, zero-variance filtering, one packing per iteration reused by every pass,
 minibatches × PPO epochs, gradient accumulation over micro-batches with a global normaliser (so the split
-never changes the objective), gradient clipping, optimizer and scheduler steps, reference sync, and the
-ratio-health check: ratios that stay exactly 1 after an optimizer step stop the run with a diagnosis (no
-gradient reached the trainable parameters) instead of being papered over.
+never changes the objective), the scheduler, reference sync, and the ratio-health check: ratios that stay
+exactly 1 after an optimizer step stop the run with a diagnosis (no gradient reached the trainable parameters)
+instead of being papered over.
+
+Where the forward, backward and optimizer step run is the `mcprl_train.loop.update.UpdateBackend` the learner is
+given (this process, or a DeepSpeed engine). The loss normaliser and the ratio-health signals are reduced over
+the data-parallel ranks with `mcprl_train.collectives` (the identity in one process), so the update is the one a
+single process would make on every rank's samples together.
 """
 
 from __future__ import annotations
@@ -16,10 +21,10 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
 import structlog
 import torch
 
+from mcprl_env import EpisodeGroup
 from mcprl_grpo import (
     aggregate_loss,
     aggregation_normalizer,
@@ -36,8 +41,12 @@ from mcprl_grpo import (
     value_metrics,
     zero_variance_groups,
 )
+from mcprl_policy import PackedForward, Policy, ReferencePolicy
+from mcprl_train import collectives
+from mcprl_train.config import Config
 from mcprl_train.errors import RatioHealthError
-from mcprl_train.forward import policy_forward
+from mcprl_train.loop.samples import MicroBatch, Sample, episode_sample, micro_batch, pack_indices
+from mcprl_train.loop.update import TorchBackend, UpdateBackend
 
 logger = structlog.get_logger()
 
@@ -47,57 +56,6 @@ _MODES = {
     "seq_mean_token_sum": "seq-mean-token-sum",
     "dr_grpo": "seq-mean-token-sum-norm",
 }
-
-
-@attrs.frozen(kw_only=True)
-class Sample:
-    """One valid episode as training targets; tensors are `(L,)`, aligned with `token_ids`.
-
-    Position `t` of `action_mask`, `old_logprobs` and `advantages` refers to token `t` (predicted from `< t`).
-    """
-
-    token_ids: torch.Tensor
-    action_mask: torch.Tensor
-    old_logprobs: torch.Tensor
-    advantages: torch.Tensor
-    reward: float = 0.0
-
-
-def episode_sample(episode: Any, advantage: float) -> Sample:
-    """Training targets of one `mcprl_env.Episode` with a scalar (per-episode) advantage."""
-    ids = torch.tensor(episode.token_ids, dtype=torch.long)
-    mask = torch.tensor(episode.loss_mask, dtype=torch.bool)
-    old = torch.tensor(episode.sampler_logprobs, dtype=torch.float32)
-    if not (ids.shape == mask.shape == old.shape):
-        raise ValueError(
-            f"episode {episode.episode_id}: token_ids {tuple(ids.shape)}, loss_mask {tuple(mask.shape)} and "
-            f"sampler_logprobs {tuple(old.shape)} differ in length"
-        )
-    mask[0] = False  # the first token has no prefix: nothing predicts it
-    adv = torch.where(mask, torch.tensor(float(advantage)), torch.tensor(0.0))
-    return Sample(
-        token_ids=ids, action_mask=mask, old_logprobs=old, advantages=adv, reward=float(episode.reward)
-    )
-
-
-def pack_indices(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """First-fit-decreasing packing of sequences into bins of at most `max_tokens` tokens.
-
-    Returns index lists into `lengths`; a sequence longer than `max_tokens` gets a bin of its own (never cut).
-    """
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    bins: list[list[int]] = []
-    loads: list[int] = []
-    for i in order:
-        for b, load in enumerate(loads):
-            if load + lengths[i] <= max_tokens:
-                bins[b].append(i)
-                loads[b] += lengths[i]
-                break
-        else:
-            bins.append([i])
-            loads.append(lengths[i])
-    return bins
 
 
 def split_minibatches(num_items: int, num: int, rng: random.Random) -> list[list[int]]:
@@ -158,50 +116,31 @@ def check_ratio_health(
     )
 
 
-@attrs.define
-class _Micro:
-    """A packed micro-batch: the samples and their concatenated per-token fields `(N,)`."""
-
-    samples: list[Sample]
-    ids: list[list[int]]
-    seq_ids: torch.Tensor
-    mask: torch.Tensor
-    adv: torch.Tensor
-    old: torch.Tensor
-    ref: torch.Tensor | None = None
-    old_values: torch.Tensor | None = None
-    returns: torch.Tensor | None = None
-
-
-def _micro(batch: list[Sample]) -> _Micro:
-    return _Micro(
-        samples=batch,
-        ids=[s.token_ids.tolist() for s in batch],
-        seq_ids=torch.cat([torch.full((s.token_ids.numel(),), i) for i, s in enumerate(batch)]),
-        mask=torch.cat([s.action_mask for s in batch]),
-        adv=torch.cat([s.advantages for s in batch]),
-        old=torch.cat([s.old_logprobs for s in batch]),
-    )
-
-
 def _padded(parts: Sequence[torch.Tensor], fill: float | bool) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(list(parts), batch_first=True, padding_value=fill)
 
 
 class Learner:
-    """Owns the optimizer, scheduler and reference policy; turns episode groups into parameter updates.
+    """Owns the scheduler, the shuffling RNG and the reference policy; turns episode groups into updates.
 
     Args:
-        policy: An `mcprl_policy.Policy` (anything with `model`, `value_head`, `trainable_parameters()` and
-            `forward_packed(sequences, temperature, values=...)`).
+        policy: The trained policy.
         config: The run config (reads `grpo`, `optim`, `sampler.temperature`, `env.max_total_tokens`).
         total_steps: Training steps, for the LR schedule.
-        seed: Seed of the minibatch shuffling.
-        reference: An `mcprl_policy.ReferencePolicy` (needed when `grpo.kl_coef > 0`).
+        seed: Seed of the minibatch shuffling (the same on every rank).
+        reference: The KL reference (needed when `grpo.kl_coef > 0`).
+        backend: Where the update runs; None: `TorchBackend` in this process.
     """
 
     def __init__(
-        self, *, policy: Any, config: Any, total_steps: int, seed: int, reference: Any = None
+        self,
+        *,
+        policy: Policy,
+        config: Config,
+        total_steps: int,
+        seed: int,
+        reference: ReferencePolicy | None = None,
+        backend: UpdateBackend | None = None,
     ) -> None:
         self.policy = policy
         self.grpo = config.grpo
@@ -212,19 +151,8 @@ class Learner:
         self.reference = reference
         if self.grpo.kl_coef > 0 and reference is None:
             raise ValueError("grpo.kl_coef > 0 needs a reference policy")
-        params = list(policy.trainable_parameters())
-        if not params:
-            raise RatioHealthError(
-                "the policy has no trainable parameter (requires_grad is False everywhere)"
-            )
-        self.params = params
-        self.optimizer = torch.optim.AdamW(
-            params,
-            lr=self.optim_cfg.lr,
-            betas=tuple(self.optim_cfg.betas),
-            eps=self.optim_cfg.eps,
-            weight_decay=self.optim_cfg.weight_decay,
-        )
+        self.backend = backend if backend is not None else TorchBackend(policy, config.optim)
+        self.optimizer = self.backend.optimizer
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, warmup_lambda(self.optim_cfg.warmup_steps, total_steps, self.optim_cfg.scheduler)
         )
@@ -242,13 +170,13 @@ class Learner:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "optimizer": self.optimizer.state_dict(),
+            **self.backend.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rng": self.rng.getstate(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.backend.load_state_dict(state)
         self.scheduler.load_state_dict(state["scheduler"])
         self.rng.setstate(state["rng"])
 
@@ -259,7 +187,7 @@ class Learner:
 
     # -- advantages --------------------------------------------------------------------------------------
 
-    def prepare(self, groups: Sequence[Any]) -> tuple[list[Sample], dict[str, float]]:
+    def prepare(self, groups: Sequence[EpisodeGroup]) -> tuple[list[Sample], dict[str, float]]:
         """Episode groups → samples with advantages; zero-variance groups counted (and dropped if configured).
 
         Invalid episodes (infrastructure failures) are excluded from baselines and from the loss.
@@ -291,16 +219,10 @@ class Learner:
 
     # -- the update --------------------------------------------------------------------------------------
 
-    def forward(self, m: _Micro) -> Any:
-        return policy_forward(
-            self.policy,
-            m.ids,
-            temperature=self.temperature,
-            values=self.needs_values,
-            layout=self.optim_cfg.layout,
-        )
+    def forward(self, m: MicroBatch) -> PackedForward:
+        return self.backend.forward(m.ids, temperature=self.temperature, values=self.needs_values)
 
-    def build_micro_batches(self, samples: Sequence[Sample]) -> list[_Micro]:
+    def pack(self, samples: Sequence[Sample]) -> list[list[Sample]]:
         """Pack once per iteration: the recompute pass and every epoch see the same micro-batches.
 
         The token budget is `optim.micro_batch_tokens`, lowered so each optimizer step accumulates over at
@@ -309,25 +231,26 @@ class Learner:
         lengths = [int(s.token_ids.numel()) for s in samples]
         per_step = -(-sum(lengths) // (self.grpo.minibatches * self.optim_cfg.grad_accum))
         budget = max(1, min(self.optim_cfg.micro_batch_tokens, per_step))
-        return [_micro([samples[i] for i in b]) for b in pack_indices(lengths, budget)]
+        return [[samples[i] for i in b] for b in pack_indices(lengths, budget)]
 
     @torch.no_grad()
-    def recompute(self, micros: Sequence[_Micro]) -> None:
+    def recompute(self, micros: Sequence[MicroBatch]) -> None:
         """Trainer-side old logprobs (and values), reference logprobs when KL is on, GAE targets."""
         for m in micros:
             if self.recompute_old:
                 out = self.forward(m)
                 m.old = out.logprobs.detach().float()
                 if self.needs_values:
+                    assert out.values is not None
                     m.old_values = out.values.detach().float()
                     self.gae_targets(m)
             if self.reference is not None and self.grpo.kl_coef > 0:
                 m.ref = self.reference.logprobs(m.ids, temperature=self.temperature).logprobs.float()
 
-    def gae_targets(self, m: _Micro) -> None:
+    def gae_targets(self, m: MicroBatch) -> None:
         """Per-token GAE advantages and returns from the old values (credit only on policy tokens)."""
         assert m.old_values is not None
-        lens = [int(s.token_ids.numel()) for s in m.samples]
+        lens = m.lengths
         mask = _padded([s.action_mask for s in m.samples], False)
         values = _padded(list(torch.split(m.old_values, lens)), 0.0)
         rewards = rewards_at_last_token(torch.tensor([s.reward for s in m.samples]), mask)
@@ -338,16 +261,22 @@ class Learner:
     def update(self, samples: Sequence[Sample]) -> dict[str, float]:
         """PPO epochs × minibatches over packed micro-batches; one scheduler step per call.
 
+        Collective: every rank calls it with its own samples (possibly none); when no rank has a sample the
+        update is skipped everywhere.
+
         Returns:
             Averages of `loss/*`, `ratio/*`, `clip/*`, `kl/*`, `value/*` over micro-batches, and `optim/*`.
         """
-        if not samples:
+        if collectives.all_reduce_scalar(float(len(samples))) == 0:
             return {"optim/skipped": 1.0}
         self.policy.train()
-        return self.update_micro_batches(self.build_micro_batches(samples))
+        batches, fillers = self.backend.lay_out(self.pack(samples) if samples else [])
+        metrics = self.update_micro_batches([micro_batch(b) for b in batches])
+        metrics["perf/filler_sequences"] = float(fillers)
+        return metrics
 
-    def update_micro_batches(self, micros: list[_Micro]) -> dict[str, float]:
-        """`update` on micro-batches already packed (a subclass may have padded them)."""
+    def update_micro_batches(self, micros: list[MicroBatch]) -> dict[str, float]:
+        """`update` on micro-batches already laid out."""
         self.recompute(micros)
         acc: dict[str, list[float]] = {}
         steps = 0
@@ -356,12 +285,13 @@ class Learner:
         for _epoch in range(self.grpo.ppo_epochs):
             for mb in split_minibatches(len(micros), self.grpo.minibatches, self.rng):
                 group = [micros[i] for i in mb]
-                normalizer = self.reduce_sum(
+                normalizer = collectives.all_reduce_tensor(
                     torch.stack(
                         [aggregation_normalizer(m.mask, mode=self.mode, seq_ids=m.seq_ids) for m in group]
-                    ).sum()
+                    ).sum(),
+                    "sum",
                 )
-                self.zero_grad()
+                self.backend.zero_grad()
                 max_dev = 0.0
                 for m in group:
                     stats = self.micro_step(m, normalizer)
@@ -370,11 +300,15 @@ class Learner:
                         acc.setdefault(k, []).append(v)
                 if self.recompute_old:
                     check_ratio_health(
-                        self.reduce_max(max_dev), grad_norm=grad_norm, optimizer_steps=steps, signal=signal
+                        collectives.all_reduce_scalar(max_dev, "max"),
+                        grad_norm=grad_norm,
+                        optimizer_steps=steps,
+                        signal=signal,
                     )
                     # Only the check reads it: no extra reduction (a collective under DeepSpeed) otherwise.
-                    signal = self.reduce_max(max(float((m.adv * m.mask).abs().max()) for m in group)) > 0.0
-                grad_norm = self.optimizer_step()
+                    local = max(float((m.adv * m.mask).abs().max()) for m in group)
+                    signal = collectives.all_reduce_scalar(local, "max") > 0.0
+                grad_norm = self.backend.step()
                 acc.setdefault("optim/grad_norm", []).append(grad_norm)
                 steps += 1
         self.scheduler.step()
@@ -386,25 +320,7 @@ class Learner:
         metrics["perf/train_tokens"] = float(sum(len(i) for m in micros for i in m.ids))
         return metrics
 
-    # -- what a data-parallel learner (`mcprl_train.parallel.ds_learner`) replaces ---------------------------------
-
-    def reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
-        """A minibatch's loss normaliser summed over data-parallel ranks (one process: itself)."""
-        return value
-
-    def reduce_max(self, value: float) -> float:
-        """The largest ``value`` over data-parallel ranks (one process: itself)."""
-        return value
-
-    def zero_grad(self) -> None:
-        """Clear gradients before a minibatch."""
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """Accumulate the gradient of one micro-batch's (already normalised) loss."""
-        loss.backward()
-
-    def micro_step(self, m: _Micro, normalizer: torch.Tensor) -> dict[str, float]:
+    def micro_step(self, m: MicroBatch, normalizer: torch.Tensor) -> dict[str, float]:
         """Forward + backward of one micro-batch, aggregated with the minibatch's global normaliser."""
         g = self.grpo
         out = self.forward(m)
@@ -422,6 +338,7 @@ class Learner:
         if g.entropy_coef > 0:
             token_loss = token_loss + entropy_loss(out.entropies.float(), m.mask, coef=g.entropy_coef)
         if self.needs_values:
+            assert out.values is not None
             assert m.old_values is not None
             assert m.returns is not None
             values = out.values.float()
@@ -437,7 +354,7 @@ class Learner:
             max_tokens=self.max_total_tokens,
             seq_ids=m.seq_ids,
         )
-        self.backward(loss)
+        self.backend.backward(loss)
         stats["loss/total"] = float(loss.detach())
         stats["loss/entropy"] = float(
             aggregate_loss(out.entropies.detach().float(), m.mask, mode="token-mean")
@@ -455,18 +372,3 @@ class Learner:
             )
         )
         return stats
-
-    def optimizer_step(self) -> float:
-        """Clip, step; returns the pre-clip gradient norm. A step with no gradient anywhere is an error."""
-        if all(p.grad is None for p in self.params):
-            raise RatioHealthError(
-                "no trainable parameter received gradient in this minibatch: the loss does not depend on the "
-                "trainable parameters (detached forward, frozen model, or an empty action mask)"
-            )
-        norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.optim_cfg.max_grad_norm))
-        if not math.isfinite(norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            logger.warning("non_finite_gradient_skipped", grad_norm=norm)
-            return norm
-        self.optimizer.step()
-        return norm

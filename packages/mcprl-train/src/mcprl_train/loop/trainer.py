@@ -3,10 +3,20 @@
 `Trainer(config, run_dir).run()` returns a summary dict. Resume (`resume=True`) restores the last complete
 checkpoint — weights, optimizer, scheduler, RNG states, task-stream position, stage and step — and syncs the
 sampler before the first rollout, so the next step equals the one an uninterrupted run would have taken.
+
+One trainer serves one process and every rank of a data-parallel run alike: it takes its rank and world size
+from `mcprl_train.collectives` (rank 0 of 1 without a process group). Every rank reads the same task stream,
+collects its share of each step's task groups (`collectives.shard`) against its own MCP servers and
+all-gathers the groups, so the invalid-episode check, the zero-variance back-fill decision and the logged
+metrics are the same everywhere; each rank learns on its own groups. Evaluation is sharded the same way.
+Where the update runs (this process, a DeepSpeed engine) is the learner's `UpdateBackend`
+(`mcprl_train.build.build_backend`). Rank 0 alone writes the run directory; a checkpoint is collective.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import time
 from collections.abc import Callable
@@ -17,12 +27,17 @@ import attrs
 import structlog
 import torch
 
-from mcprl_train import build
+from mcprl_env import Environment, EpisodeGroup, Task
+from mcprl_policy import Policy, PolicySampler
+from mcprl_train import build, collectives
+from mcprl_train.config import Config
 from mcprl_train.loop.collection import check_invalid_rate, collect_groups, rollout_metrics
-from mcprl_train.loop.evaluation import evaluate_tasks
+from mcprl_train.loop.evaluation import evaluate_tasks, evaluation_metrics
 from mcprl_train.loop.learner import Learner
 from mcprl_train.loop.task_stream import StreamPosition, TaskStream
-from mcprl_train.loop.warm_start import SFTStage, render_example
+from mcprl_train.loop.update import UpdateBackend
+from mcprl_train.loop.warm_start import SFTExample, SFTStage, render_example
+from mcprl_train.run.checkpoint import Checkpoint
 from mcprl_train.run.progress import RunProgress
 from mcprl_train.run.run_dir import RunDir
 
@@ -30,6 +45,8 @@ logger = structlog.get_logger()
 
 Stage = Literal["sft", "grpo", "done"]
 Hook = Callable[[str, "Trainer"], None]
+BackendFactory = Callable[[str | None], UpdateBackend]
+"""Builds the trained policy where its update runs, from a saved policy directory (None: ``model.name``)."""
 
 
 @attrs.define
@@ -67,47 +84,74 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over a model's parameters in name order (equal across ranks iff the weights are)."""
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters()):
+        digest.update(name.encode())
+        digest.update(param.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def sampler_seed(seed: int, step: int, rank: int) -> int:
+    """Rank ``rank``'s sampler seed at GRPO step ``step``: ranks sample differently, a resumed step alike."""
+    return (build.step_seed(seed, step) + 7_919 * rank) % (2**31 - 1)
+
+
 class Trainer:
-    """One training run in a run directory.
+    """One training run in a run directory; in a data-parallel run, this process's rank of it.
 
     Args:
         config: The resolved `mcprl_train.config.Config`.
         run_dir: The `mcprl_train.run.run_dir.RunDir` (created by the caller with `RunDir.create` / `RunDir.open`).
         resume: Continue from the run directory's last complete checkpoint.
+        backend: Builds the trained policy and its update backend (`BackendFactory`); None: this process
+            (`mcprl_train.build.torch_backend`).
         hooks: Called as `hook(event, trainer)` at `before_rollout`, `after_rollout`, `after_update`,
             `after_step`, `after_checkpoint` (tests use them to inspect or interrupt a run).
         progress: Progress bars (`mcprl_train.run.progress.RunProgress`); None builds them from
-            `tracking.progress` (shown only on a terminal).
+            `tracking.progress` (shown only on a terminal, and only by rank 0).
     """
 
     def __init__(
         self,
-        config: Any,
+        config: Config,
         run_dir: RunDir,
         *,
         resume: bool = False,
+        backend: BackendFactory | None = None,
         hooks: tuple[Hook, ...] = (),
-        progress: Any = None,
+        progress: RunProgress | None = None,
     ) -> None:
         self.config = config
         self.run_dir = run_dir
         self.resume = resume
+        self.rank = collectives.rank()
+        self.world = collectives.world_size()
+        self.is_writer = self.rank == 0  # rank 0 alone writes the run directory
+        self.backend_factory = backend or (lambda source: build.torch_backend(config, source=source))
         self.hooks = hooks
-        self.progress = progress if progress is not None else RunProgress(enabled=config.tracking.progress)
+        self.progress = progress or RunProgress(enabled=config.tracking.progress and self.is_writer)
         self.state = TrainState(stage="sft" if config.sft.enabled else "grpo")
-        self.policy: Any = None
-        self.sampler: Any = None
-        self.eval_sampler: Any = None
+        self.backend: UpdateBackend | None = None
+        self.sampler: PolicySampler | None = None
+        self.eval_sampler: PolicySampler | None = None
         self.learner: Learner | None = None
         self.sft: SFTStage | None = None
-        self.env: Any = None
+        self.env: Environment | None = None
         self.stream: TaskStream | None = None
-        self.val_tasks: list[Any] = []
+        self.val_tasks: list[Task] = []
         self.history: list[dict[str, Any]] = []
         self.last_step_tasks: list[str] = []
         self.restored_from: str | None = None
         self.clock = time.perf_counter()
         self.teacher_success: float | None = None
+
+    @property
+    def policy(self) -> Policy:
+        """The trained policy."""
+        assert self.backend is not None
+        return self.backend.policy
 
     def emit(self, event: str) -> None:
         for hook in self.hooks:
@@ -118,7 +162,6 @@ class Trainer:
         return anyio.run(self.arun)
 
     async def arun(self) -> dict[str, Any]:
-        from mcprl_env import Environment
         from mcprl_tools import ToolManager
 
         cfg = self.config
@@ -146,21 +189,30 @@ class Trainer:
             with self.progress:
                 return await self.stages()
 
-    def find_checkpoint(self) -> Any:
-        """The checkpoint to resume from (`mcprl_train.run.checkpoint.Checkpoint`), or None."""
-        return self.run_dir.checkpoints.load_latest()
+    def find_checkpoint(self) -> Checkpoint | None:
+        """The checkpoint to resume from: rank 0 picks the newest verified one, every rank gets it."""
+        loaded = self.run_dir.checkpoints.load_latest() if self.is_writer else None
+        return collectives.broadcast_object(loaded)
 
-    def build_learning(self, loaded: Any) -> None:
-        """Policy (restored weights when `loaded`), samplers, reference and learner."""
+    def build_learning(self, loaded: Checkpoint | None) -> None:
+        """Policy (restored weights when `loaded`) and its update backend, samplers, reference and learner."""
         cfg = self.config
-        self.policy = build.build_policy(cfg, source=str(loaded.subdir("policy")) if loaded else None)
+        self.backend = self.backend_factory(str(loaded.subdir("policy")) if loaded else None)
         self.policy.train()
-        self.sampler = build.build_sampler(cfg, self.policy, seed=cfg.run.seed)
-        self.eval_sampler = build.build_sampler(cfg, self.policy, greedy=cfg.eval.greedy, seed=cfg.run.seed)
-        reference = build.build_reference(cfg, self.policy)
+        sampling = self.backend.sampling_policy
+        self.sampler = build.build_sampler(cfg, sampling, seed=cfg.run.seed + 7_919 * self.rank)
+        self.eval_sampler = build.build_sampler(cfg, sampling, greedy=cfg.eval.greedy, seed=cfg.run.seed)
         self.learner = Learner(
-            policy=self.policy, config=cfg, total_steps=cfg.run.steps, seed=cfg.run.seed, reference=reference
+            policy=self.policy,
+            config=cfg,
+            total_steps=cfg.run.steps,
+            seed=cfg.run.seed,
+            reference=build.build_reference(cfg, sampling),
+            backend=self.backend,
         )
+        self.backend.publish()
+        # The reference starts from the same weights on every rank (a freshly initialised model may not).
+        self.learner.sync_reference()
 
     # -- stages ------------------------------------------------------------------------------------------
 
@@ -227,8 +279,7 @@ class Trainer:
     async def grpo_step(self) -> dict[str, float]:
         """Collect `tasks_per_step` groups (back-filling zero-variance ones), learn, sync the sampler.
 
-        A sharded subclass overrides the three hooks `step_sampler`, `collect_all` and `update_metrics`; the
-        back-fill decision is always taken on every rank's groups, the update on this process's own.
+        The back-fill decision is taken on every rank's groups, the update on this process's own.
         """
         assert self.stream is not None
         assert self.learner is not None
@@ -239,7 +290,7 @@ class Trainer:
         self.step_sampler(step)
         self.last_step_tasks = [t.id for t in tasks]
         self.emit("before_rollout")
-        mine, everyone = await self.collect_all(tasks, step, 0)
+        mine, everyone = await self.collect(tasks, step, round_=0)
         invalid_rate = check_invalid_rate(everyone, cfg.run.max_invalid_rate)
         samples, adv = self.learner.prepare(everyone)
         rounds = 0
@@ -251,15 +302,16 @@ class Trainer:
             rounds += 1
             extra_tasks = self.stream.take(missing)
             self.last_step_tasks += [t.id for t in extra_tasks]
-            extra_mine, extra_all = await self.collect_all(extra_tasks, step, rounds)
+            extra_mine, extra_all = await self.collect(extra_tasks, step, round_=rounds)
             check_invalid_rate(extra_all, cfg.run.max_invalid_rate)
             mine, everyone = [*mine, *extra_mine], [*everyone, *extra_all]
             samples, adv = self.learner.prepare(everyone)
-        if len(mine) != len(everyone):  # sharded: learn on this process's groups only
+        if len(mine) != len(everyone):  # data-parallel: learn on this process's groups only
             samples, _ = self.learner.prepare(mine)
         t_collect = time.perf_counter() - t0
         self.emit("after_rollout")
         self.state.position = self.stream.position
+        assert self.sampler is not None
         metrics = rollout_metrics(everyone)
         metrics.update(self.sampler.metrics())
         metrics.update(adv)
@@ -295,27 +347,37 @@ class Trainer:
         """The rollout sampler of GRPO step ``step``."""
         if self.config.sampler.backend == "hf":
             # A fresh generator per step: step k samples alike in a resumed and an uninterrupted run.
+            assert self.backend is not None
             self.sampler = build.build_sampler(
-                self.config, self.policy, seed=build.step_seed(self.config.run.seed, step)
+                self.config,
+                self.backend.sampling_policy,
+                seed=sampler_seed(self.config.run.seed, step, self.rank),
             )
 
-    async def collect_all(self, tasks: list[Any], step: int, round_: int) -> tuple[list[Any], list[Any]]:
-        """``(this process's groups, every process's groups)`` of ``tasks``: the same groups in one process."""
-        groups = await self.collect(tasks, step, round_=round_)
-        return groups, groups
-
     def update_metrics(self, learned: dict[str, float]) -> dict[str, float]:
-        """The learner's metrics as logged (a sharded subclass reduces them over the processes)."""
-        return learned
-
-    async def collect(self, tasks: list[Any], step: int, *, round_: int) -> list[Any]:
-        cfg = self.config
-        self.progress.work(
-            f"collect step {step}" + (f" (back-fill {round_})" if round_ else ""), total=len(tasks)
+        """This rank's update metrics averaged over the ranks (maxima and totals where those are meant)."""
+        metrics = collectives.mean_metrics(
+            learned,
+            maxed=("ratio/max_abs_dev",),
+            summed=("perf/train_tokens", "perf/micro_batches", "perf/filler_sequences"),
         )
-        return await collect_groups(
+        metrics["perf/world_size"] = float(self.world)
+        return metrics
+
+    async def collect(
+        self, tasks: list[Task], step: int, *, round_: int
+    ) -> tuple[list[EpisodeGroup], list[EpisodeGroup]]:
+        """Run this rank's share of ``tasks``; returns ``(this rank's groups, every rank's groups)``."""
+        assert self.env is not None
+        assert self.sampler is not None
+        cfg = self.config
+        mine = collectives.shard(tasks, self.rank, self.world)
+        self.progress.work(
+            f"collect step {step}" + (f" (back-fill {round_})" if round_ else ""), total=len(mine)
+        )
+        groups = await collect_groups(
             self.env,
-            tasks,
+            mine,
             self.sampler,
             group_size=cfg.grpo.group_size,
             max_concurrent_episodes=cfg.env.max_concurrent_episodes,
@@ -323,25 +385,32 @@ class Trainer:
             namespace=f"step-{step}" if round_ == 0 else f"step-{step}.{round_}",
             on_group=lambda _group: self.progress.advance(),
         )
+        everyone = [g for part in collectives.all_gather_objects(groups) for g in part]
+        return groups, everyone
 
     def sync_sampler(self) -> None:
-        """Push the new weights to the sampler (a no-op for samplers reading the live weights)."""
+        """Publish the trained weights to the sampling policy and the samplers."""
+        assert self.backend is not None
+        self.backend.publish()
         for sampler in (self.sampler, self.eval_sampler):
-            sync = getattr(sampler, "sync_weights", None)
-            if sync is not None:
-                sync()
+            if sampler is not None:
+                sampler.sync_weights()
 
     async def evaluate(self, tag: str) -> dict[str, float]:
-        """Validation metrics (`val/*`) at the current step; logged with `tag` (init, warm_start, ...)."""
+        """Validation metrics (`val/*`) over every rank's share of the validation tasks, logged with `tag`."""
         if not self.val_tasks:
             return {}
+        assert self.env is not None
+        assert self.eval_sampler is not None
+        t0 = time.perf_counter()
         self.sync_sampler()  # evaluations inside the warm start run between optimizer steps
+        mine = collectives.shard(self.val_tasks, self.rank, self.world)
         self.policy.eval()
-        self.progress.work(f"validate ({tag})", total=len(self.val_tasks))
+        self.progress.work(f"validate ({tag})", total=len(mine))
         try:
-            metrics, _ = await evaluate_tasks(
+            _, groups = await evaluate_tasks(
                 self.env,
-                self.val_tasks,
+                mine,
                 self.eval_sampler,
                 max_concurrent_episodes=self.config.env.max_concurrent_episodes,
                 namespace=f"eval-{tag}-{self.state.sft_step}-{self.state.step}",
@@ -350,27 +419,30 @@ class Trainer:
         finally:
             self.policy.train()
             self.progress.work_done()
+        parts = collectives.all_gather_objects((mine, groups))
+        tasks = [t for part_tasks, _ in parts for t in part_tasks]
+        every_group = [g for _, part_groups in parts for g in part_groups]
+        metrics = evaluation_metrics(tasks, every_group, elapsed_s=time.perf_counter() - t0)
         metrics["time/elapsed_s"] = self.elapsed()
         self.log_metrics("eval", self.state.step, metrics, tag=tag)
         self.live_line_eval(tag, metrics)
         return metrics
 
     def elapsed(self) -> float:
-        return time.perf_counter() - getattr(self, "clock", time.perf_counter())
+        return time.perf_counter() - self.clock
 
     # -- demonstrations ----------------------------------------------------------------------------------
 
-    def demo_examples(self) -> list[Any]:
+    def demo_examples(self) -> list[SFTExample]:
         """Render the warm-start demonstrations with the tool schemas the environment shows for each task."""
         assert self.stream is not None
-        by_id = {}
+        assert self.env is not None
         tasks = self.stream.tasks
-        for i in range(len(tasks)):
-            by_id[tasks.task_at(i).id] = i
-        out = []
+        by_id = {tasks.task_at(i).id: i for i in range(len(tasks))}
         demos = build.load_demos(self.config)
         self.teacher_success = sum(ok for _, _, ok in demos) / max(1, len(demos))
         logger.info("demonstrations", demos=len(demos), teacher_success=round(self.teacher_success, 3))
+        out = []
         for task_id, messages, _ in demos:
             task = tasks.task_at(by_id[task_id])
             out.append(
@@ -387,40 +459,50 @@ class Trainer:
             record["tag"] = tag
         record.update({k: float(v) for k, v in metrics.items()})
         self.history.append({"kind": kind, "step": step, **record})
-        self.run_dir.append_metrics(step, record, kind=kind)
+        if self.is_writer:
+            self.run_dir.append_metrics(step, record, kind=kind)
 
-    def write_trajectories(self, step: int, groups: list[Any]) -> None:
+    def write_trajectories(self, step: int, groups: list[EpisodeGroup]) -> None:
         """Every episode of the step, one JSON line each (crash-safe, deduplicated by the run dir)."""
-        self.run_dir.append_trajectories(step, (e.to_dict() for g in groups for e in g.episodes))
+        if self.is_writer:
+            self.run_dir.append_trajectories(step, (e.to_dict() for g in groups for e in g.episodes))
 
     # -- checkpoints -------------------------------------------------------------------------------------
 
     def checkpoint(self) -> None:
-        """Save weights, optimizer/scheduler/RNG states, stage, step and data position atomically."""
+        """Weights, optimizer/scheduler/RNG states, stage, step and data position, atomically (collective)."""
         assert self.learner is not None
+        assert self.backend is not None
         self.state.elapsed_s = self.elapsed()
-        state_dicts: dict[str, Any] = {"learner": self.learner.state_dict()}
-        if self.sft is not None:
-            state_dicts["sft"] = self.sft.state_dict()
-        self.run_dir.checkpoints.save(
-            self.state.step,
-            writers={"policy": self.policy.save_pretrained},
-            state_dicts=state_dicts,
-            meta={"state": self.state.to_dict()},
-        )
+        manager = self.run_dir.checkpoints
+        parts = self.backend.save_partitions(manager.root)
+        if self.is_writer:
+            state_dicts: dict[str, Any] = {"learner": self.learner.state_dict()}
+            if self.sft is not None:
+                state_dicts["sft"] = self.sft.state_dict()
+            manager.save(
+                self.state.step,
+                writers={"policy": self.backend.sampling_policy.save_pretrained, **parts},
+                state_dicts=state_dicts,
+                meta={"state": self.state.to_dict(), **self.backend.checkpoint_meta()},
+            )
+        collectives.barrier()
         self.emit("after_checkpoint")
 
-    def restore(self, loaded: Any) -> None:
+    def restore(self, loaded: Checkpoint | None) -> None:
         """Restore from a loaded checkpoint (weights were loaded with the policy); rewind the logs to it.
 
         Without a checkpoint the run starts over and the logs are cleared.
         """
         assert self.learner is not None
         assert self.stream is not None
+        assert self.backend is not None
         if loaded is None:
             logger.warning("resume_without_checkpoint", run_dir=str(self.run_dir.path))
-            self.run_dir.rewind(-1)
+            if self.is_writer:
+                self.run_dir.rewind(-1)
             return
+        self.backend.load_partitions(loaded.path)
         self.state = self.restored_state(loaded)
         self.learner.load_state_dict(loaded.state("learner"))
         if self.sft is not None and loaded.has_state("sft"):
@@ -428,11 +510,12 @@ class Trainer:
         loaded.restore_rng()
         self.stream.position = self.state.position
         self.sync_sampler()
-        self.run_dir.rewind(self.state.step)
+        if self.is_writer:
+            self.run_dir.rewind(self.state.step)
         self.restored_from = str(loaded.path)
         logger.info("resumed", checkpoint=loaded.path.name, stage=self.state.stage, step=self.state.step)
 
-    def restored_state(self, loaded: Any) -> TrainState:
+    def restored_state(self, loaded: Checkpoint) -> TrainState:
         """The checkpoint's `TrainState`; a finished run resumed with a larger `run.steps` continues GRPO."""
         state = TrainState.from_dict(loaded.meta["state"])
         if state.stage == "done" and state.step < self.config.run.steps:
@@ -486,15 +569,36 @@ class Trainer:
         return [r for r in self.history if r["kind"] == "eval"]
 
     def finish(self) -> dict[str, Any]:
-        """Write the run's summary (`summary.json`, see `summary`), log it and return it."""
-        import json
+        """Write the run's summary (`summary.json`, see `summary`), log it and return it.
 
+        In a data-parallel run every rank also writes ``ranks/rank-<r>.json`` with a digest of the weights it
+        samples from: equal digests show every rank finished with the same weights.
+        """
         from mcprl_train.run.run_dir import _atomic_write_text
 
         summary = self.summary()
-        _atomic_write_text(self.run_dir.path / "summary.json", json.dumps(summary, indent=2) + "\n")
-        logger.info("run_finished", **{k: v for k, v in summary.items() if v is not None})
+        if self.is_writer:
+            _atomic_write_text(self.run_dir.path / "summary.json", json.dumps(summary, indent=2) + "\n")
+            logger.info("run_finished", **{k: v for k, v in summary.items() if v is not None})
+        if self.world > 1:
+            self.write_rank_record()
         return summary
+
+    def write_rank_record(self) -> None:
+        assert self.backend is not None
+        policy = self.backend.sampling_policy
+        ranks = self.run_dir.path / "ranks"
+        ranks.mkdir(exist_ok=True)
+        record = {
+            "rank": self.rank,
+            "world_size": self.world,
+            "step": self.state.step,
+            "digest": weights_digest(policy.model),
+            "device": str(policy.device),
+            "torch": torch.__version__,
+        }
+        (ranks / f"rank-{self.rank}.json").write_text(json.dumps(record, indent=2) + "\n")
+        collectives.barrier()
 
     def summary(self) -> dict[str, Any]:
         """The run's summary: validation before/after each stage, timing, where things are."""

@@ -18,7 +18,8 @@ import structlog
 import torch
 
 from mcprl_train.forward import Layout, policy_forward
-from mcprl_train.loop.learner import pack_indices, warmup_lambda
+from mcprl_train.loop.learner import warmup_lambda
+from mcprl_train.loop.samples import pack_indices
 
 logger = structlog.get_logger()
 

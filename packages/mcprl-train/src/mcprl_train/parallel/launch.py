@@ -22,11 +22,19 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from mcprl_train.config import Config
 from mcprl_train.errors import DistributedError
+
+if TYPE_CHECKING:
+    from mcprl_train.loop.trainer import BackendFactory
+    from mcprl_train.run.run_dir import RunDir
+
+RankTraining = Callable[[Config, "RunDir", bool, "BackendFactory"], dict[str, Any]]
+"""``train(config, run_dir, resume, backend)``: one rank's training run; returns the summary."""
 
 __all__ = ["check_devices", "launch_command", "launched", "relaunch", "strip_local_rank", "train_rank"]
 
@@ -107,7 +115,7 @@ def relaunch(nproc: int, argv: Sequence[str], *, device: str = "auto") -> int:
     return code if code >= 0 else 128 - code
 
 
-def _local_device(config: Any) -> Any:
+def _local_device(config: Config) -> Config:
     """``model.device`` of this worker: ``cuda`` / ``auto`` become ``cuda:<LOCAL_RANK>`` when CUDA is there."""
     import torch
 
@@ -116,23 +124,25 @@ def _local_device(config: Any) -> Any:
     return config
 
 
-def train_rank(resolve_run: Callable[[], tuple[Any, Any, bool]]) -> int:
+def train_rank(resolve_run: Callable[[], tuple[Config, RunDir, bool]], train: RankTraining) -> int:
     """What each launched worker runs: join the process group, share the run, train as one rank.
 
     Rank 0 resolves the run (``resolve_run``: creates the run directory or opens the one to resume) and
-    broadcasts its path, config and resume flag — or the error, which every rank then raises. Rank 0 alone
-    writes logs to ``training.log``, tracks (wandb) and writes plots; the others log warnings to stderr.
-    Returns 0; prints the summary on rank 0.
+    broadcasts its path, config and resume flag — or the error, which every rank then raises. Each rank then
+    runs ``train(config, run_dir, resume, backend)`` with the DeepSpeed backend (the same function a
+    one-process run calls). Returns 0; prints the summary on rank 0.
     """
     import json
 
-    from mcprl_train.config import Config
+    import torch.distributed
+
+    from mcprl_train import collectives
     from mcprl_train.errors import TrainError
-    from mcprl_train.parallel import collectives
     from mcprl_train.parallel.deepspeed import init_distributed
+    from mcprl_train.parallel.ds_backend import deepspeed_backend
     from mcprl_train.run.run_dir import RunDir
 
-    rank, world = init_distributed()
+    rank, _world = init_distributed()
     shared: dict[str, Any] = {}
     if rank == 0:
         try:
@@ -143,39 +153,17 @@ def train_rank(resolve_run: Callable[[], tuple[Any, Any, bool]]) -> int:
     shared = collectives.broadcast_object(shared)
     if "error" in shared:
         raise TrainError(str(shared["error"]))
-    path, resume = str(shared["path"]), bool(shared["resume"])
     config = _local_device(Config.from_dict(shared["config"]))
-    run_dir = RunDir.open(path)
     try:
-        summary = _train_as_rank(config, run_dir, resume=resume, rank=rank, world=world)
+        summary = train(
+            config,
+            RunDir.open(str(shared["path"])),
+            bool(shared["resume"]),
+            lambda source: deepspeed_backend(config, source=source),
+        )
     finally:
-        import torch.distributed
-
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     if rank == 0:
         print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0
-
-
-def _train_as_rank(config: Any, run_dir: Any, *, resume: bool, rank: int, world: int) -> dict[str, Any]:
-    from mcprl_train.parallel.ds_trainer import DistributedTrainer
-    from mcprl_train.run.plots import write_plots
-    from mcprl_train.run.tracking import Tracker, configure_logging
-
-    main = rank == 0
-    configure_logging(
-        level=config.tracking.log_level if main else "warning", log_file=run_dir.log_path if main else None
-    )
-    structlog.contextvars.bind_contextvars(rank=rank)
-    logger.info("rank_started", world_size=world, device=config.model.device)
-    tracker = Tracker(config, run_dir).start() if main else None
-    try:
-        trainer = DistributedTrainer(
-            config, run_dir, resume=resume, hooks=(tracker.hook,) if tracker is not None else ()
-        )
-        return trainer.run()
-    finally:
-        if tracker is not None:
-            tracker.finish()
-            write_plots(run_dir)

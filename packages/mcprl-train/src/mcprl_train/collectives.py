@@ -25,6 +25,7 @@ __all__ = [
     "is_distributed",
     "mean_metrics",
     "rank",
+    "shard",
     "world_size",
 ]
 
@@ -43,6 +44,17 @@ def rank() -> int:
 
 def world_size() -> int:
     return dist.get_world_size() if is_distributed() else 1
+
+
+def shard(items: Sequence[T], rank: int, world_size: int) -> list[T]:
+    """Rank ``rank``'s share of ``items`` (round robin, whole items; one process gets all of them).
+
+    Task groups are sharded whole: advantages are computed within a group, so they do not depend on which rank
+    ran it.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world of {world_size}")
+    return list(items[rank::world_size])
 
 
 def barrier() -> None:

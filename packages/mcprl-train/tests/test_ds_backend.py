@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mcprl_train.loop.learner import Sample
-from mcprl_train.parallel import collectives
-from mcprl_train.parallel.ds_learner import filler_sample, logit_chunks, pad_to_chunks
+from mcprl_train import collectives
+from mcprl_train.loop.samples import Sample
+from mcprl_train.parallel.ds_backend import filler_sample, logit_chunks, pad_to_chunks
 
 
 def sample(n: int) -> Sample:

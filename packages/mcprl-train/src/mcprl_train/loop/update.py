@@ -1,0 +1,203 @@
+"""Where the learner's update runs: the `UpdateBackend` seam and its one-process implementation.
+
+The learner (`mcprl_train.loop.learner`) owns what an update computes — targets, packing, the PPO/GRPO loss,
+the schedule, the ratio-health check. A backend owns where the trained model lives and how one optimizer step
+happens there:
+
+- `forward` / `zero_grad` / `backward` / `step`: the training forward over packed micro-batches, gradient
+  accumulation, and one clipped optimizer step returning the pre-clip gradient norm;
+- `lay_out`: the micro-batches as this backend must run them (the same ones in one process; with ZeRO-3 every
+  rank tops its list up so all ranks make the same module calls);
+- `sampling_policy` / `publish`: the weights the samplers and the evaluation read, and making the newest
+  trained weights visible there (a no-op when they read the trained model itself);
+- `state_dict`, `save_partitions` / `load_partitions`, `checkpoint_meta`: what a checkpoint holds beyond the
+  policy's files.
+
+`TorchBackend` is the one-process backend (CPU, one GPU, MPS); `mcprl_train.parallel.ds_backend` holds the
+DeepSpeed one. Reductions over ranks go through `mcprl_train.collectives`, which are the identity in one
+process, so the learner has no special case for either.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+import torch
+
+from mcprl_policy import PackedForward, Policy
+from mcprl_train.config import OptimConfig
+from mcprl_train.errors import RatioHealthError
+from mcprl_train.forward import Layout, policy_forward
+from mcprl_train.loop.samples import Sample
+
+__all__ = ["CheckpointWriter", "TorchBackend", "UpdateBackend", "adamw"]
+
+logger = structlog.get_logger()
+
+CheckpointWriter = Callable[[Path], None]
+"""Writes one part of a checkpoint into the directory it is given (see `mcprl_train.run.checkpoint`)."""
+
+
+class UpdateBackend(Protocol):
+    """The model as the learner trains it (see the module docstring). Engine-touching methods are collective."""
+
+    @property
+    def policy(self) -> Policy:
+        """The trained policy."""
+        ...
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The torch optimizer whose learning rate the learner's scheduler drives."""
+        ...
+
+    @property
+    def sampling_policy(self) -> Policy:
+        """The policy the samplers generate from and a checkpoint saves as ``policy/``."""
+        ...
+
+    def forward(
+        self, sequences: Sequence[Sequence[int]], *, temperature: float, values: bool
+    ) -> PackedForward:
+        """Per-token logprobs, entropies (and values) of ``sequences``, concatenated `(N,)`."""
+        ...
+
+    def lay_out(self, batches: list[list[Sample]]) -> tuple[list[list[Sample]], int]:
+        """The micro-batches to run and how many filler sequences (empty action mask) were added."""
+        ...
+
+    def zero_grad(self) -> None: ...
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradient of one micro-batch's loss, already normalised over every rank's tokens."""
+        ...
+
+    def step(self) -> float:
+        """Clip at ``optim.max_grad_norm`` and step; returns the pre-clip gradient norm."""
+        ...
+
+    def publish(self) -> None:
+        """Make the trained weights visible to `sampling_policy`."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer state kept in the checkpoint's learner state (empty when `save_partitions` holds it)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def save_partitions(self, root: Path) -> dict[str, CheckpointWriter]:
+        """Write this rank's partitions under ``root``; returns the checkpoint parts rank 0 moves in."""
+        ...
+
+    def load_partitions(self, checkpoint: Path) -> None:
+        """Restore what `save_partitions` wrote into the checkpoint at ``checkpoint``."""
+        ...
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """Facts a checkpoint records about the layout it was saved from (world size, ZeRO stage)."""
+        ...
+
+
+def adamw(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.AdamW:
+    """The AdamW of ``optim`` over ``params``.
+
+    Raises:
+        RatioHealthError: no parameter requires a gradient (nothing could ever be learned).
+    """
+    params = list(params)
+    if not params:
+        raise RatioHealthError("the policy has no trainable parameter (requires_grad is False everywhere)")
+    return torch.optim.AdamW(
+        params,
+        lr=optim.lr,
+        betas=(optim.betas[0], optim.betas[1]),
+        eps=optim.eps,
+        weight_decay=optim.weight_decay,
+    )
+
+
+class TorchBackend:
+    """The update in this process: autograd, gradient clipping and a torch AdamW on the policy itself.
+
+    Args:
+        policy: The trained policy; the samplers read its live weights.
+        optim: Optimizer, clipping and forward layout settings.
+    """
+
+    def __init__(self, policy: Policy, optim: OptimConfig) -> None:
+        self._policy = policy
+        self.params = list(policy.trainable_parameters())
+        self._optimizer = adamw(self.params, optim)
+        self.max_grad_norm = optim.max_grad_norm
+        self.layout: Layout = optim.layout
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
+
+    @property
+    def sampling_policy(self) -> Policy:
+        return self._policy
+
+    def forward(
+        self, sequences: Sequence[Sequence[int]], *, temperature: float, values: bool
+    ) -> PackedForward:
+        return policy_forward(
+            self._policy, sequences, temperature=temperature, values=values, layout=self.layout
+        )
+
+    def lay_out(self, batches: list[list[Sample]]) -> tuple[list[list[Sample]], int]:
+        return batches, 0
+
+    def zero_grad(self) -> None:
+        self._optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        """Clip, step; returns the pre-clip gradient norm. A step with no gradient anywhere is an error.
+
+        A non-finite norm skips the step (the gradients are dropped) and is returned for the metrics.
+        """
+        if all(p.grad is None for p in self.params):
+            raise RatioHealthError(
+                "no trainable parameter received gradient in this minibatch: the loss does not depend on the "
+                "trainable parameters (detached forward, frozen model, or an empty action mask)"
+            )
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
+        if not math.isfinite(norm):
+            self._optimizer.zero_grad(set_to_none=True)
+            logger.warning("non_finite_gradient_skipped", grad_norm=norm)
+            return norm
+        self._optimizer.step()
+        return norm
+
+    def publish(self) -> None:
+        """Nothing to do: the samplers read the trained weights."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self._optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._optimizer.load_state_dict(state["optimizer"])
+
+    def save_partitions(self, root: Path) -> dict[str, CheckpointWriter]:
+        """Nothing beyond the policy's files."""
+        del root
+        return {}
+
+    def load_partitions(self, checkpoint: Path) -> None:
+        del checkpoint
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        return {}

@@ -1,0 +1,324 @@
+"""The DeepSpeed update backend: the learner's update on a ZeRO engine, data-parallel over ranks.
+
+`DeepSpeedBackend` implements `mcprl_train.loop.update.UpdateBackend`; the learner's math is unchanged. What
+data parallelism changes is here:
+
+- **The model lives in a DeepSpeed engine** (``deepspeed.initialize`` with the config generated from
+  ``distributed``: ZeRO stage, bf16, clipping). A torch AdamW is handed to the engine
+  (DeepSpeed's own optimizers are JIT-compiled on first use); the engine does backward (``engine.backward``),
+  the gradient reduction, clipping and the optimizer step (``engine.step``).
+- **One objective over all ranks.** The learner sums a minibatch's loss normaliser over the ranks; each
+  rank's loss is multiplied by the world size here, undoing DeepSpeed's gradient averaging: the update is the
+  one a single process would make on every rank's samples together (up to packing and float summation
+  order). Advantages are per task group and a group never spans ranks (`mcprl_train.collectives.shard`), so
+  they need no communication.
+- **Two copies of the policy per rank.** The trained one is partitioned by ZeRO-3 inside the engine; a full
+  *replica* (eval mode, no gradients) is what the samplers generate from (`sampling_policy`). `publish`
+  gathers the trained parameters (collective) into each rank's replica, so every rank samples from the
+  weights just trained, and no ZeRO collective is needed while generating or evaluating.
+- **Every rank runs the same forward passes.** Under ZeRO-3 each module call all-gathers that module's
+  parameter shards collectively, so the ranks must make the same module calls in the same order. Before an
+  update the ranks agree on the number of micro-batches (the largest) and, per micro-batch, on the number of
+  logits chunks (the output head is called once per chunk of `Policy.logits_chunk_size` rows, forward and
+  again in the recomputing backward); a rank tops its micro-batches up with filler sequences whose action
+  mask is empty (they add no loss, only the collective calls). A rank with no sample at all still takes
+  part with filler micro-batches; when no rank has a sample the update is skipped everywhere.
+- **Checkpoints** of the partitioned parameters and optimizer states go through ``engine.save_checkpoint`` /
+  ``engine.load_checkpoint`` (one file per rank, staged next to the checkpoints, moved in as ``engine/`` by
+  rank 0); the replica's full weights are the checkpoint's ``policy/`` (loadable by ``mcprl-train eval`` and
+  by a one-process run). Resuming needs the same number of ranks.
+
+Not under DeepSpeed: LoRA (the full model trains) and the SFT warm start (run it in one process first);
+`mcprl_train.build.update_backend` refuses both with the way out.
+
+Every public method that touches the engine is collective: all ranks call it together.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from mcprl_policy import PackedForward, Policy
+from mcprl_train import collectives
+from mcprl_train.build import build_policy
+from mcprl_train.config import Config
+from mcprl_train.errors import DistributedError
+from mcprl_train.forward import Layout, policy_forward
+from mcprl_train.loop.samples import Sample
+from mcprl_train.loop.update import CheckpointWriter, adamw
+from mcprl_train.parallel.deepspeed import deepspeed_config, require_deepspeed
+
+__all__ = [
+    "ENGINE_TAG",
+    "DeepSpeedBackend",
+    "deepspeed_backend",
+    "filler_sample",
+    "logit_chunks",
+    "pad_to_chunks",
+]
+
+ENGINE_TAG = "engine"
+_STAGING = ".engine-staging"
+
+
+class _EngineModule(nn.Module):
+    """What the engine wraps: the policy's model (and value head when it trains) behind the training forward.
+
+    Returns plain tensors ``(logprobs, entropies, values, valid)``, each ``(N,)`` over the packed tokens
+    (``values`` empty when not computed), so DeepSpeed can hook the outputs.
+    """
+
+    def __init__(self, policy: Policy, *, layout: Layout, with_values: bool) -> None:
+        super().__init__()
+        self.model = policy.model
+        if with_values:
+            self.value_head = policy.value_head
+        self._policy = policy
+        self._layout: Layout = layout
+
+    def forward(
+        self, sequences: list[list[int]], temperature: float, values: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = policy_forward(
+            self._policy, sequences, temperature=temperature, values=values, layout=self._layout
+        )
+        v = out.values if out.values is not None else out.logprobs.new_zeros(0)
+        return out.logprobs, out.entropies, v, out.valid
+
+
+def logit_chunks(lengths: Sequence[int], chunk_size: int) -> int:
+    """How many times one forward calls the output head: ``ceil(rows / chunk_size)``, rows = Σ(len − 1)."""
+    rows = sum(n - 1 for n in lengths)
+    return -(-rows // chunk_size)
+
+
+def filler_sample(length: int, token_id: int) -> Sample:
+    """A sequence of ``length`` copies of ``token_id`` that trains on nothing (empty action mask)."""
+    return Sample(
+        token_ids=torch.full((length,), token_id, dtype=torch.long),
+        action_mask=torch.zeros(length, dtype=torch.bool),
+        old_logprobs=torch.zeros(length),
+        advantages=torch.zeros(length),
+    )
+
+
+def pad_to_chunks(samples: list[Sample], target: int, chunk_size: int, token_id: int) -> list[Sample]:
+    """``samples`` plus, if they make fewer than ``target`` logits chunks, one filler sequence reaching it.
+
+    The filler adds exactly enough rows for ``target`` chunks: ``(target − 1) · chunk_size + 1`` rows in all.
+    """
+    have = logit_chunks([int(s.token_ids.numel()) for s in samples], chunk_size)
+    if have >= target:
+        return samples
+    rows = sum(int(s.token_ids.numel()) - 1 for s in samples)
+    need_rows = (target - 1) * chunk_size + 1 - rows
+    return [*samples, filler_sample(need_rows + 1, token_id)]
+
+
+def deepspeed_backend(config: Config, *, source: str | None = None) -> DeepSpeedBackend:
+    """This rank's trained policy in a DeepSpeed engine, with its sampling replica (collective).
+
+    Args:
+        config: The run config (``model.device`` already pointing at this rank's device).
+        source: A saved policy directory to load instead of ``model.name`` (a checkpoint's ``policy/``).
+
+    Raises:
+        DistributedError: a part of the config that does not run under DeepSpeed, with the way out.
+    """
+    world = collectives.world_size()
+    if config.sft.enabled:
+        raise DistributedError(
+            "sft.enabled=true: the SFT warm start runs in one process; run it there first "
+            "(--set distributed.backend=none --set distributed.zero_stage=0 --set run.steps=0) and start "
+            "GRPO from its checkpoint with --set model.name=<run>/checkpoints/<step>/policy"
+        )
+    if config.lora.enabled:
+        raise DistributedError(
+            "distributed.backend=deepspeed trains the full model; lora.enabled=true is not wired under "
+            "DeepSpeed (use one process: --set distributed.backend=none --set distributed.zero_stage=0)"
+        )
+    if config.sampler.backend != "hf":
+        raise DistributedError(
+            f"sampler.backend={config.sampler.backend}: under DeepSpeed each rank samples from its replica "
+            "with the HF sampler (sampler.backend=hf)"
+        )
+    if config.grpo.tasks_per_step < world:
+        raise DistributedError(
+            f"grpo.tasks_per_step={config.grpo.tasks_per_step} is below the {world} ranks: every rank "
+            "needs at least one task group per step"
+        )
+    # Rank 0 first: building or downloading a model fills a shared cache the others then read.
+    if collectives.rank() != 0:
+        collectives.barrier()
+    policy = build_policy(config, source=source)
+    replica = build_policy(config, source=source)
+    if collectives.rank() == 0:
+        collectives.barrier()
+    return DeepSpeedBackend(policy, replica, config)
+
+
+class DeepSpeedBackend:
+    """The trained policy in a DeepSpeed engine and a full replica to sample from (see the module docstring).
+
+    Args:
+        policy: The trained policy (full fine-tune; ZeRO-3 partitions its parameters).
+        replica: A second copy of the same policy, for the samplers (eval mode, no gradients).
+        config: The run config (``optim`` for AdamW and the layout, ``distributed`` for the engine, ``grpo``
+            for whether the value head trains).
+    """
+
+    def __init__(self, policy: Policy, replica: Policy, config: Config) -> None:
+        deepspeed = require_deepspeed()
+        with_values = config.grpo.estimator == "gae"
+        if policy.value_head is not None and not with_values:
+            # Nothing reads the value head without GAE; frozen, it stays out of the engine (as in one process,
+            # where it never receives a gradient).
+            policy.value_head.requires_grad_(False)
+        self._policy = policy
+        self.replica = replica
+        replica.eval()
+        for param in replica.model.parameters():
+            param.requires_grad_(False)
+        self.world = collectives.world_size()
+        self.zero_stage = config.distributed.zero_stage
+        self.chunk_size = int(policy.logits_chunk_size)
+        tokenizer = policy.tokenizer
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.filler_token = int(pad or 0)
+        params = list(policy.trainable_parameters())
+        self._optimizer = adamw(params, config.optim)
+        self.module = _EngineModule(policy, layout=config.optim.layout, with_values=with_values)
+        self.engine, *_ = deepspeed.initialize(
+            model=self.module,
+            optimizer=self._optimizer,
+            model_parameters=params,
+            config=deepspeed_config(config),
+        )
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
+
+    @property
+    def sampling_policy(self) -> Policy:
+        return self.replica
+
+    # -- the update -----------------------------------------------------------------------------------------
+
+    def forward(
+        self, sequences: Sequence[Sequence[int]], *, temperature: float, values: bool
+    ) -> PackedForward:
+        ids = [list(s) for s in sequences]
+        logprobs, entropies, value_out, valid = self.engine(ids, temperature, values)
+        return PackedForward(
+            logprobs=logprobs,
+            entropies=entropies,
+            values=value_out if values else None,
+            valid=valid,
+            seq_lens=tuple(len(i) for i in ids),
+        )
+
+    def lay_out(self, batches: list[list[Sample]]) -> tuple[list[list[Sample]], int]:
+        """Pad to the ranks' largest micro-batch count and, per index, their largest logits-chunk count."""
+        count = int(collectives.all_reduce_scalar(float(len(batches)), "max"))
+        given = len(batches)
+        batches = [*batches, *([filler_sample(2, self.filler_token)] for _ in range(count - given))]
+        chunks = torch.tensor(
+            [logit_chunks([int(s.token_ids.numel()) for s in b], self.chunk_size) for b in batches],
+            dtype=torch.float64,
+        )
+        targets = collectives.all_reduce_tensor(chunks, "max").long().tolist()
+        padded = [
+            pad_to_chunks(b, int(t), self.chunk_size, self.filler_token)
+            for b, t in zip(batches, targets, strict=True)
+        ]
+        fillers = count - given + sum(len(p) - len(b) for p, b in zip(padded, batches, strict=True))
+        return padded, fillers
+
+    def zero_grad(self) -> None:
+        self.engine.zero_grad()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # The engine averages gradients over the ranks; the normaliser was already summed over them.
+        self.engine.backward(loss * self.world)
+
+    def step(self) -> float:
+        """``engine.step`` (reduction, clipping at ``optim.max_grad_norm``, AdamW); the pre-clip norm."""
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    # -- the replica ----------------------------------------------------------------------------------------
+
+    def publish(self) -> None:
+        """Gather every engine parameter to full size (collective) and load it into this rank's replica."""
+        deepspeed = require_deepspeed()
+        replica = {f"model.{n}": p for n, p in self.replica.model.named_parameters()}
+        if self.replica.value_head is not None:
+            replica.update({f"value_head.{n}": p for n, p in self.replica.value_head.named_parameters()})
+        with torch.no_grad():
+            for name, param in self.module.named_parameters():
+                with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                    full = param.detach().to("cpu", copy=True)
+                if name in replica:
+                    replica[name].copy_(full.to(replica[name].dtype))
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing: the optimizer states are partitioned into the engine's own checkpoint files."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+    def save_partitions(self, root: Path) -> dict[str, CheckpointWriter]:
+        """Every rank's engine partition into a staging directory under ``root`` (collective).
+
+        Returns the ``engine`` part for rank 0's checkpoint: it moves the staged files in.
+        """
+        staging = root / _STAGING
+        if collectives.rank() == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            for stale in root.glob(f"{_STAGING}*"):
+                shutil.rmtree(stale, ignore_errors=True)
+        collectives.barrier()
+        self.engine.save_checkpoint(str(staging), tag=ENGINE_TAG, save_latest=False)
+        collectives.barrier()
+        engine_dir = staging / ENGINE_TAG
+
+        def move(target: Path) -> None:
+            for item in sorted(engine_dir.iterdir()):
+                os.replace(item, target / item.name)
+            shutil.rmtree(staging, ignore_errors=True)
+
+        return {"engine": move}
+
+    def load_partitions(self, checkpoint: Path) -> None:
+        """Restore parameters and optimizer partitions from ``checkpoint/engine`` (collective).
+
+        Raises:
+            DistributedError: nothing loadable there (missing files, or saved by a different number of ranks).
+        """
+        path, _ = self.engine.load_checkpoint(
+            str(checkpoint), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
+        if path is None:
+            raise DistributedError(
+                f"no DeepSpeed engine state under {str(checkpoint / ENGINE_TAG)!r} (a checkpoint resumes only "
+                "with the number of ranks that saved it)"
+            )
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        return {"world_size": self.world, "zero_stage": self.zero_stage}
