@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import anyio
 
@@ -138,8 +138,11 @@ class Environment:
         group_size: int,
         max_concurrent_episodes: int = 64,
         namespace: str | None = None,
+        on_group: Callable[[EpisodeGroup], None] | None = None,
     ) -> list[EpisodeGroup]:
         """Run a group per task, all at once, with at most ``max_concurrent_episodes`` episodes in flight.
+
+        ``on_group`` is called with each group as it finishes (progress display).
 
         Returns:
             The groups in task order.
@@ -154,9 +157,11 @@ class Environment:
         groups: list[EpisodeGroup | None] = [None] * len(task_list)
 
         async def one(i: int, task: Task) -> None:
-            groups[i] = await self.run_group(
+            groups[i] = group = await self.run_group(
                 task, sampler, group_size=group_size, namespace=namespace, limiter=limiter
             )
+            if on_group is not None:
+                on_group(group)
 
         async with anyio.create_task_group() as tg:
             for i, task in enumerate(task_list):

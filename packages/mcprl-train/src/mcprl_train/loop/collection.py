@@ -10,57 +10,30 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
 
-import anyio
 import structlog
 
+from mcprl_env import Environment, EpisodeGroup, Sampler, Task, aggregate_metrics
 from mcprl_train.errors import InvalidRateError
 
 logger = structlog.get_logger()
 
 
-def count_invalid(group: Any) -> int:
+def count_invalid(group: EpisodeGroup) -> int:
     return sum(1 for e in group.episodes if not e.valid)
 
 
-async def run_groups(
-    env: Any,
-    tasks: Sequence[Any],
-    sampler: Any,
-    *,
-    group_size: int,
-    limiter: anyio.CapacityLimiter,
-    namespace: str | None,
-    on_group: Callable[[Any], None] | None,
-) -> list[Any]:
-    """`Environment.run_group` for every task at once under one episode limiter; reports each finished group."""
-    groups: list[Any] = [None] * len(tasks)
-
-    async def one(i: int) -> None:
-        groups[i] = await env.run_group(
-            tasks[i], sampler, group_size=group_size, namespace=namespace, limiter=limiter
-        )
-        if on_group is not None:
-            on_group(groups[i])
-
-    async with anyio.create_task_group() as tg:
-        for i in range(len(tasks)):
-            tg.start_soon(one, i)
-    return groups
-
-
 async def collect_groups(
-    env: Any,
-    tasks: Sequence[Any],
-    sampler: Any,
+    env: Environment,
+    tasks: Sequence[Task],
+    sampler: Sampler,
     *,
     group_size: int,
     max_concurrent_episodes: int,
     max_retries: int,
     namespace: str | None = None,
-    on_group: Callable[[Any], None] | None = None,
-) -> list[Any]:
+    on_group: Callable[[EpisodeGroup], None] | None = None,
+) -> list[EpisodeGroup]:
     """Run one group of `group_size` episodes per task, concurrently; retry groups hit by infra failures.
 
     A group is re-run (up to `max_retries` times, under a fresh episode-id namespace so stateful servers
@@ -73,28 +46,32 @@ async def collect_groups(
     Returns:
         One group per task, in task order.
     """
-    limiter = anyio.CapacityLimiter(max_concurrent_episodes)
-    kw: dict[str, Any] = {"group_size": group_size, "limiter": limiter}
-    groups = await run_groups(env, tasks, sampler, namespace=namespace, on_group=on_group, **kw)
+    groups = await env.run_groups(
+        tasks,
+        sampler,
+        group_size=group_size,
+        max_concurrent_episodes=max_concurrent_episodes,
+        namespace=namespace,
+        on_group=on_group,
+    )
     for attempt in range(1, max_retries + 1):
         bad = [i for i, g in enumerate(groups) if 2 * count_invalid(g) > len(g.episodes)]
         if not bad:
             break
         logger.warning("rollout_retry", attempt=attempt, groups=len(bad))
-        again = await run_groups(
-            env,
+        again = await env.run_groups(
             [tasks[i] for i in bad],
             sampler,
+            group_size=group_size,
+            max_concurrent_episodes=max_concurrent_episodes,
             namespace=f"{namespace or 'rollout'}.retry{attempt}",
-            on_group=None,
-            **kw,
         )
         for i, g in zip(bad, again, strict=True):
             groups[i] = g
     return groups
 
 
-def check_invalid_rate(groups: Sequence[Any], max_invalid_rate: float) -> float:
+def check_invalid_rate(groups: Sequence[EpisodeGroup], max_invalid_rate: float) -> float:
     """The step's invalid-episode fraction; raises when it passes the configured limit.
 
     Raises:
@@ -115,14 +92,12 @@ def check_invalid_rate(groups: Sequence[Any], max_invalid_rate: float) -> float:
     return rate
 
 
-def rollout_metrics(groups: Sequence[Any], prefix: str = "rollout") -> dict[str, float]:
+def rollout_metrics(groups: Sequence[EpisodeGroup], prefix: str = "rollout") -> dict[str, float]:
     """`mcprl_env.aggregate_metrics` of the groups, re-rooted under `prefix` when it is not `rollout`.
 
     Keys: `<prefix>/success_rate`, `<prefix>/reward_mean`, `<prefix>/turns_mean`, `<prefix>/tools/error_rate`,
     `<prefix>/reward/<component>_mean`, ... (`rollout`, `tools`, `reward` at the top level for training).
     """
-    from mcprl_env import aggregate_metrics
-
     raw = aggregate_metrics(list(groups)) if groups else {}
     if prefix == "rollout":
         return dict(raw)

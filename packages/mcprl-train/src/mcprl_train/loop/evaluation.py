@@ -10,32 +10,31 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import structlog
 
+from mcprl_env import Environment, EpisodeGroup, Sampler, Task
 from mcprl_train.loop.collection import collect_groups, rollout_metrics
 
 logger = structlog.get_logger()
 
 
-def family_of(task: Any) -> str | None:
-    meta = getattr(task, "metadata", None) or {}
-    fam = meta.get("family") if isinstance(meta, dict) else None
+def family_of(task: Task) -> str | None:
+    fam = task.metadata.get("family")
     return str(fam) if fam is not None else None
 
 
 async def evaluate_tasks(
-    env: Any,
-    tasks: Sequence[Any],
-    sampler: Any,
+    env: Environment,
+    tasks: Sequence[Task],
+    sampler: Sampler,
     *,
     max_concurrent_episodes: int,
     max_retries: int = 1,
     prefix: str = "val",
     namespace: str | None = None,
-    on_group: Callable[[Any], None] | None = None,
-) -> tuple[dict[str, float], list[Any]]:
+    on_group: Callable[[EpisodeGroup], None] | None = None,
+) -> tuple[dict[str, float], list[EpisodeGroup]]:
     """Run one episode per task and summarise.
 
     Returns:
@@ -57,7 +56,7 @@ async def evaluate_tasks(
 
 
 def evaluation_metrics(
-    tasks: Sequence[Any], groups: Sequence[Any], *, prefix: str = "val", elapsed_s: float
+    tasks: Sequence[Task], groups: Sequence[EpisodeGroup], *, prefix: str = "val", elapsed_s: float
 ) -> dict[str, float]:
     """Metrics of evaluated groups (one per task, aligned with `tasks`): `rollout_metrics` re-rooted under
     `prefix`, success per task family, and `<prefix>/time_s`.

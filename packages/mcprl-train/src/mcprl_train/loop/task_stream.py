@@ -12,12 +12,14 @@ from typing import Any, Protocol
 
 import attrs
 
+from mcprl_env import Task
+
 
 class IndexedTasks(Protocol):
     """Random access into a task set (satisfied by `mcprl_env.TaskSet` and `TaskList`)."""
 
     def __len__(self) -> int: ...
-    def task_at(self, index: int) -> Any: ...
+    def task_at(self, index: int) -> Task: ...
     def epoch_order(self, epoch: int, *, seed: int) -> Sequence[int]: ...
 
 
@@ -61,9 +63,9 @@ class TaskStream:
             self._order_epoch = epoch
         return self._order
 
-    def take(self, n: int) -> list[Any]:
+    def take(self, n: int) -> list[Task]:
         """The next `n` tasks. Within one call task ids are distinct (a batch never holds a task twice)."""
-        out: list[Any] = []
+        out: list[Task] = []
         seen: set[str] = set()
         pos = self.position
         while len(out) < n:
@@ -86,13 +88,13 @@ class TaskStream:
 class TaskList:
     """An in-memory task list with the `IndexedTasks` interface (validation sets, tests)."""
 
-    def __init__(self, tasks: Sequence[Any]) -> None:
+    def __init__(self, tasks: Sequence[Task]) -> None:
         self._tasks = list(tasks)
 
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def task_at(self, index: int) -> Any:
+    def task_at(self, index: int) -> Task:
         return self._tasks[index]
 
     def epoch_order(self, epoch: int, *, seed: int) -> list[int]:

@@ -10,16 +10,17 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import structlog
 import torch
 
+from mcprl_policy import Policy
 from mcprl_train.forward import Layout, policy_forward
 from mcprl_train.loop.learner import warmup_lambda
-from mcprl_train.loop.samples import pack_indices
+from mcprl_train.loop.samples import pack_indices, without_first_token
 
 logger = structlog.get_logger()
 
@@ -116,7 +117,7 @@ class SFTStage:
     """
 
     def __init__(
-        self, *, policy: Any, settings: SFTSettings, examples: Sequence[SFTExample], seed: int
+        self, *, policy: Policy, settings: SFTSettings, examples: Sequence[SFTExample], seed: int
     ) -> None:
         if not examples:
             raise ValueError("SFT needs at least one demonstration")
@@ -160,9 +161,9 @@ class SFTStage:
                 values=False,
                 layout=self.config.layout,
             )
-            mask = torch.cat([torch.tensor(e.assistant_mask, dtype=torch.float32) for e in items])
-            starts = torch.cumsum(torch.tensor([0] + [len(e.token_ids) for e in items[:-1]]), 0)
-            mask[starts] = 0.0
+            mask = torch.cat(
+                [without_first_token(torch.tensor(e.assistant_mask, dtype=torch.float32)) for e in items]
+            )
             lp = out.logprobs.float()
             loss = -(lp * mask).sum() / total
             loss.backward()
@@ -186,24 +187,6 @@ class SFTStage:
             "sft/tokens": float(total),
             "perf/sft_step_s": time.perf_counter() - t0,
         }
-
-    def run(
-        self,
-        *,
-        steps: int,
-        time_budget_s: float | None = None,
-        on_step: Callable[[int, dict[str, float]], None] | None = None,
-    ) -> dict[str, float]:
-        """Run `steps` optimizer steps (or until `time_budget_s`); returns the last step's metrics."""
-        last: dict[str, float] = {}
-        start = time.perf_counter()
-        for _ in range(steps):
-            if time_budget_s is not None and time.perf_counter() - start >= time_budget_s:
-                break
-            last = self.train_step()
-            if on_step is not None:
-                on_step(self.step, last)
-        return last
 
     def state_dict(self) -> dict[str, Any]:
         return {
