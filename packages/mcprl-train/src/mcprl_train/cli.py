@@ -256,7 +256,7 @@ async def _evaluate_checkpoint(path: Path, overrides: list[str]) -> dict[str, An
             namespace=f"eval-{loaded.path.name}",
         )
     summary = {"checkpoint": str(loaded.path), "step": loaded.step, "tasks": len(tasks), **metrics}
-    run_dir.append_metrics(loaded.step, {**metrics, "tag": "checkpoint_eval"}, kind="eval")
+    run_dir.write_metrics("eval", loaded.step, {**metrics, "tag": "checkpoint_eval"})
     return summary
 
 
