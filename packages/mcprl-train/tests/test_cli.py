@@ -4,9 +4,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 import yaml
 from transformers import Qwen3Config
 
@@ -14,11 +16,23 @@ from mcprl_train.cli import _with_default_command, main
 from mcprl_train.config import Config
 
 
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> Iterator[None]:
+    """`train` configures structlog to write to the test's captured stderr and the run's log file."""
+    yield
+    from mcprl_train.run.tracking import configure_logging
+
+    configure_logging(json_output=True)  # closes the run's log file
+    structlog.reset_defaults()
+
+
 def test_train_is_the_default_subcommand() -> None:
     assert _with_default_command([]) == ["train"]
     assert _with_default_command(["--profile", "cpu"]) == ["train", "--profile", "cpu"]
     assert _with_default_command(["plan", "--profile", "a100x2"]) == ["plan", "--profile", "a100x2"]
     assert _with_default_command(["--help"]) == ["--help"]
+    assert _with_default_command(["--debug"]) == ["--debug", "train"]
+    assert _with_default_command(["--debug", "config"]) == ["--debug", "config"]
 
 
 def test_config_prints_the_resolved_yaml(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -35,6 +49,39 @@ def test_config_prints_the_resolved_yaml(capsys: pytest.CaptureFixture[str], tmp
 def test_a_bad_key_exits_2_naming_the_key(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "--set", "grpo.grup_size=3"]) == 2
     assert "unknown config key 'grpo.grup_size'; did you mean 'grpo.group_size'?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("tasks.train=nope.json", "error: train task file 'nope.json' does not exist"),
+        ("tools.servers=nope.json", "error: nope.json: cannot read servers config: [Errno 2] No such file"),
+    ],
+)
+def test_a_mistyped_path_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, override: str, message: str
+) -> None:
+    assert main(["train", "--set", override, "--set", f"run.output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert line.startswith(message)
+    assert "Traceback" not in err
+
+
+def test_debug_prints_the_traceback_instead(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    args = ["--set", "tools.servers=nope.json", "--set", f"run.output_dir={tmp_path}"]
+    assert main(["--debug", "train", *args]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert "mcprl_tools.errors.ConfigError: nope.json: cannot read servers config" in err
+    assert not [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def test_debug_is_accepted_after_the_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "--debug", "--set", "grpo.grup_size=3"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert "unknown config key 'grpo.grup_size'" in err
 
 
 def test_plan_of_a_local_model_prints_the_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import structlog
@@ -78,23 +77,54 @@ def test_weave_without_a_key_is_a_clear_error(tmp_path: Path) -> None:
         Tracker(config, run_dir).start(env={})
 
 
+class _FakeWandbRun:
+    def __init__(self) -> None:
+        self.logged: list[tuple[int, dict[str, float]]] = []
+        self.summary: dict[str, object] = {}
+
+    def log(self, data: dict[str, float], *, step: int) -> None:
+        self.logged.append((step, data))
+
+
+def test_metrics_records_reach_wandb_under_stable_keys(tmp_path: Path) -> None:
+    config, run_dir = _run_dir(tmp_path, "tracking.wandb=disabled")
+    tracker = Tracker(config, run_dir)
+    tracker._wandb_run = run = _FakeWandbRun()
+    tracker.write_metrics("grpo", 2, {"stage": "grpo", "sft_step": 5, "loss/policy": 0.25})
+    tracker.write_metrics("sft", 0, {"stage": "sft", "sft_step": 3, "sft/loss": 1.5})
+    tracker.write_metrics(
+        "eval", 2, {"stage": "grpo", "sft_step": 5, "tag": "final", "val/success_rate": 0.5}
+    )
+    assert run.logged == [
+        (2, {"step": 2, "sft_step": 5, "loss/policy": 0.25}),
+        (0, {"sft/step": 0, "sft/sft_step": 3, "sft/loss": 1.5}),
+        (2, {"eval/step": 2, "eval/sft_step": 5, "val/success_rate": 0.5}),
+    ]
+    tracker.write_summary({"steps": 2, "success_final": 0.5, "resumed_from": None})
+    assert run.summary == {"steps": 2, "success_final": 0.5}
+
+
 @needs_weave
-def test_disabled_weave_traces_episodes_as_plain_calls(
+def test_disabled_weave_traces_each_episode_with_its_run_and_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("WEAVE_DISABLED", "true")
     config, run_dir = _run_dir(tmp_path, "tracking.weave=true", "tracking.wandb=disabled")
     tracker = Tracker(config, run_dir).start()
-    run_dir.append_trajectories(1, [{"episode_id": "a", "reward": 1.0}, {"episode_id": "b", "reward": 0.0}])
-    with run_dir.trajectories_path.open("a") as handle:
-        handle.write('{"torn')
-    trainer = SimpleNamespace(history=[])
-    assert tracker._new_trajectories() == [
+    op = tracker._weave_op
+    traced: list[dict[str, object]] = []
+
+    def spy(record: dict[str, object]) -> object:
+        traced.append(record)
+        return op(record)
+
+    tracker._weave_op = spy
+    tracker.write_episodes(1, [{"episode_id": "a", "reward": 1.0}, {"episode_id": "b", "reward": 0.0}])
+    assert traced == [
         {"run": "t", "step": 1, "episode_id": "a", "reward": 1.0},
         {"run": "t", "step": 1, "episode_id": "b", "reward": 0.0},
     ]
-    assert tracker.trace_episodes([{"reward": 1.0}]) == 1
-    tracker.hook("after_step", trainer)
+    assert not run_dir.trajectories_path.exists()  # the tracker reads no file
     tracker.finish()
 
 
@@ -106,11 +136,11 @@ def test_offline_wandb_receives_the_trainer_metrics(tmp_path: Path, monkeypatch:
     config, run_dir = _run_dir(tmp_path)
     tracker = Tracker(config, run_dir).start()
     assert tracker.wandb_mode == "offline"
-    trainer = SimpleNamespace(history=[{"kind": "grpo", "step": 1, "loss/policy": 0.25, "stage": "grpo"}])
-    tracker.hook("after_step", trainer)
-    trainer.history.append({"kind": "eval", "step": 1, "val/success_rate": 0.5})
-    tracker.hook("after_step", trainer)
-    assert tracker._metrics_seen == 2
+    tracker.write_metrics("grpo", 1, {"stage": "grpo", "sft_step": 0, "loss/policy": 0.25})
+    tracker.write_metrics(
+        "eval", 1, {"stage": "grpo", "sft_step": 0, "tag": "final", "val/success_rate": 0.5}
+    )
+    tracker.write_summary({"steps": 1, "success_final": 0.5})
     tracker.finish()
     runs = list((run_dir.path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1

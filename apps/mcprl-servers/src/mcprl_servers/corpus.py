@@ -21,8 +21,8 @@ from mcprl_servers.fixture import load_fixture
 __all__ = ["CORPUS_COMPANIES", "CORPUS_SEED", "EVENT_KINDS", "corpus_bytes", "generate_corpus", "load_corpus"]
 
 CORPUS_SEED = 7
-# The corpus describes the fixture's first companies only (the fixture grew to 200 for the demo's tasks; the
-# search tasks and their shipped presets were written against these 40).
+# The corpus describes the fixture's first 40 companies only: the search tasks and their shipped presets are
+# written against these 40, while the demo's tasks use all of the fixture's companies.
 CORPUS_COMPANIES = 40
 _FILE = "search_corpus.json"
 EVENT_KINDS: tuple[str, ...] = ("acquisition", "facility", "cfo", "partnership", "product")

@@ -83,7 +83,8 @@ TINY_PRESETS: Final[dict[str, TinyPreset]] = {
     "tiny-4m": TinyPreset(hidden_size=256, num_hidden_layers=4, intermediate_size=1024),
     # The demo's model: `tiny` with 8 heads of 16 dims (and 8 KV heads) instead of 4 of 32 (2 KV heads). Same
     # width and depth, ~15-25 % more time per step on CPU; copying a ticker letter by letter out of the prompt
-    # is mostly an attention job, and more, smaller heads do it far better (benchmarks/RESULTS.md, issue 8).
+    # is mostly an attention job, and more, smaller heads do it far better (benchmarks/RESULTS.md, "## demo
+    # ablations and limits").
     "tiny-8h": TinyPreset(num_attention_heads=8, num_key_value_heads=8),
 }
 

@@ -11,6 +11,9 @@
 
 ``train`` is the default subcommand: ``mcprl-train`` alone trains the ``cpu`` profile. The heavy modules
 (trainer, evaluation, DeepSpeed) are imported only by the subcommands that need them.
+
+A user's mistake (a bad config key, a missing task or servers file, a server that does not start) ends in
+one red ``error:`` line and exit code 2; ``--debug`` (before or after the subcommand) prints the traceback.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from mcprl_train.config import DEFAULT_PROFILE, Config, list_profiles
 from mcprl_train.errors import TrainError
@@ -34,6 +39,36 @@ if TYPE_CHECKING:
 __all__ = ["build_parser", "main"]
 
 _SUBCOMMANDS = ("train", "config", "plan", "eval", "doctor", "plots")
+_GLOBAL_FLAGS = ("--debug",)
+
+# The base error of each library: `(module, class)`.
+_LIBRARY_ERRORS = (
+    ("mcprl_tools.errors", "ToolsError"),
+    ("mcprl_env.errors", "EnvError"),
+    ("mcprl_policy.errors", "PolicyError"),
+    ("mcprl_grpo.errors", "GrpoError"),
+)
+
+
+def _reported_errors() -> tuple[type[Exception], ...]:
+    """The errors reported as one line: mcprl-train's, the loaded libraries' and the OS errors of a bad path.
+
+    A library's base error is looked up among the loaded modules instead of imported: importing mcprl-policy
+    or mcprl-grpo loads torch, which ``mcprl-train config`` does not need, and an error of a library that was
+    never imported cannot have been raised.
+    """
+    errors: list[type[Exception]] = [TrainError, OSError]
+    for module, name in _LIBRARY_ERRORS:
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            errors.append(getattr(loaded, name))
+    return tuple(errors)
+
+
+def _add_debug_arg(parser: argparse.ArgumentParser, *, default: Any) -> None:
+    parser.add_argument(
+        "--debug", action="store_true", default=default, help="print the traceback of an error"
+    )
 
 
 def _add_config_args(parser: argparse.ArgumentParser, *, profile: bool = True) -> None:
@@ -59,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mcprl-train", description="GRPO training of tool-using LLM agents on MCP servers."
     )
+    _add_debug_arg(parser, default=False)
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train (the default subcommand)")
     _add_config_args(train)
@@ -85,13 +121,20 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--skip-servers", action="store_true", help="do not start the MCP servers")
     plots = sub.add_parser("plots", help="(re)write the PNG plots of a run")
     plots.add_argument("run_dir", type=Path)
+    for subparser in (train, config, plan, evaluate, doctor, plots):
+        # SUPPRESS: a subcommand without --debug keeps the value given before the subcommand.
+        _add_debug_arg(subparser, default=argparse.SUPPRESS)
     return parser
 
 
 def _with_default_command(argv: Sequence[str]) -> list[str]:
     args = list(argv)
-    if not args or (args[0] not in _SUBCOMMANDS and args[0] not in ("-h", "--help")):
-        return ["train", *args]
+    flags = 0
+    while flags < len(args) and args[flags] in _GLOBAL_FLAGS:
+        flags += 1
+    rest = args[flags:]
+    if not rest or (rest[0] not in _SUBCOMMANDS and rest[0] not in ("-h", "--help")):
+        return [*args[:flags], "train", *rest]
     return args
 
 
@@ -108,25 +151,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     raw = strip_local_rank(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(_with_default_command(raw))
-    console = Console(stderr=True)
     try:
-        match args.command:
-            case "config":
-                sys.stdout.write(_load(args).to_yaml())
-                return 0
-            case "plan":
-                return _plan(args)
-            case "doctor":
-                return _doctor(args)
-            case "plots":
-                return _plots(args)
-            case "eval":
-                return _eval(args)
-            case _:
-                return _train(args, raw)
-    except TrainError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        return _run(args, raw)
+    except _reported_errors() as exc:  # evaluated when an exception arrives: the libraries loaded by then
+        if args.debug:
+            traceback.print_exc()
+        else:
+            Console(stderr=True).print(
+                f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False
+            )
         return 2
+
+
+def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    match args.command:
+        case "config":
+            sys.stdout.write(_load(args).to_yaml())
+            return 0
+        case "plan":
+            return _plan(args)
+        case "doctor":
+            return _doctor(args)
+        case "plots":
+            return _plots(args)
+        case "eval":
+            return _eval(args)
+        case _:
+            return _train(args, argv)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -205,7 +256,7 @@ async def _evaluate_checkpoint(path: Path, overrides: list[str]) -> dict[str, An
             namespace=f"eval-{loaded.path.name}",
         )
     summary = {"checkpoint": str(loaded.path), "step": loaded.step, "tasks": len(tasks), **metrics}
-    run_dir.append_metrics(loaded.step, {**metrics, "tag": "checkpoint_eval"}, kind="eval")
+    run_dir.write_metrics("eval", loaded.step, {**metrics, "tag": "checkpoint_eval"})
     return summary
 
 
@@ -224,39 +275,39 @@ def _locate_run(args: argparse.Namespace) -> Path:
     return runs[0].parent
 
 
-def _peek_config(args: argparse.Namespace) -> Config:
-    """The config a ``train`` invocation would run, without creating or changing anything."""
-    from mcprl_train.run.run_dir import RunDir
-
-    if args.resume is None:
-        return _load(args)
-    return RunDir.open(_locate_run(args)).load_config().replace(args.overrides)
-
-
-def _resolve_run(args: argparse.Namespace) -> tuple[Config, Any, bool]:
+def _train_config(args: argparse.Namespace) -> tuple[Config, RunDir | None]:
+    """The config a ``train`` invocation runs and the run it resumes (None: a new run); creates nothing."""
     from mcprl_train.run.run_dir import RunDir
 
     if args.resume is None:
         config = _load(args)
         if args.run_name is not None:
             config = config.replace([f"run.name={args.run_name}"])
-        return config, RunDir.create(config), False
+        return config, None
     run_dir = RunDir.open(_locate_run(args))
-    config = run_dir.load_config().replace(args.overrides)
-    run_dir.write_config(config)
-    return config, run_dir, True
+    return run_dir.load_config().replace(args.overrides), run_dir
+
+
+def _open_run(config: Config, resumed: RunDir | None) -> tuple[Config, RunDir, bool]:
+    """``(config, run directory, resume)``: a new run directory, or the resumed one with its config updated."""
+    from mcprl_train.run.run_dir import RunDir
+
+    if resumed is None:
+        return config, RunDir.create(config), False
+    resumed.write_config(config)
+    return config, resumed, True
 
 
 def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    config = _peek_config(args)
+    config, resumed = _train_config(args)
     if config.distributed.backend == "deepspeed":
         from mcprl_train.parallel.launch import launched, relaunch, train_rank
 
         if not launched():
             # Nothing is created here: the workers resolve the run (rank 0) and share it.
             return relaunch(config.distributed.num_gpus, argv, device=config.model.device)
-        return train_rank(lambda: _resolve_run(args), run_training)
-    config, run_dir, resume = _resolve_run(args)
+        return train_rank(lambda: _open_run(config, resumed), run_training)
+    config, run_dir, resume = _open_run(config, resumed)
     summary = run_training(config, run_dir, resume)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0
@@ -293,7 +344,7 @@ def run_training(
             run_dir,
             resume=resume,
             backend=backend,
-            hooks=(tracker.hook,) if tracker is not None else (),
+            sinks=(tracker,) if tracker is not None else (),
         )
         return trainer.run()
     finally:

@@ -15,10 +15,6 @@ class InvalidRateError(TrainError, RuntimeError):
     """Too many episodes failed for infrastructure reasons: the run aborts with the reason."""
 
 
-class RolloutError(TrainError, RuntimeError):
-    """Collection failed beyond its retry budget."""
-
-
 class ConfigError(TrainError, ValueError):
     """A config key is unknown or a value is invalid; the message names the key and what was expected."""
 

@@ -19,7 +19,7 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import anyio
@@ -40,6 +40,7 @@ from mcprl_train.loop.warm_start import SFTExample, SFTStage, render_example
 from mcprl_train.run.checkpoint import Checkpoint
 from mcprl_train.run.progress import RunProgress
 from mcprl_train.run.run_dir import RunDir
+from mcprl_train.run.sinks import ConsoleSink, MetricKind, MetricsSink, SinkGroup
 
 logger = structlog.get_logger()
 
@@ -107,6 +108,8 @@ class Trainer:
         resume: Continue from the run directory's last complete checkpoint.
         backend: Builds the trained policy and its update backend (`BackendFactory`); None: this process
             (`mcprl_train.build.torch_backend`).
+        sinks: Where metrics, episodes and the summary go besides the run directory and the console (the
+            tracker). Rank 0 alone writes to any sink.
         hooks: Called as `hook(event, trainer)` at `before_rollout`, `after_rollout`, `after_update`,
             `after_step`, `after_checkpoint` (tests use them to inspect or interrupt a run).
         progress: Progress bars (`mcprl_train.run.progress.RunProgress`); None builds them from
@@ -120,6 +123,7 @@ class Trainer:
         *,
         resume: bool = False,
         backend: BackendFactory | None = None,
+        sinks: Sequence[MetricsSink] = (),
         hooks: tuple[Hook, ...] = (),
         progress: RunProgress | None = None,
     ) -> None:
@@ -130,6 +134,8 @@ class Trainer:
         self.world = collectives.world_size()
         self.is_writer = self.rank == 0  # rank 0 alone writes the run directory
         self.backend_factory = backend or (lambda source: build.torch_backend(config, source=source))
+        self.extra_sinks = tuple(sinks)
+        self.sinks = SinkGroup([])  # the run's sinks are built once the warm start's length is known
         self.hooks = hooks
         self.progress = progress or RunProgress(enabled=config.tracking.progress and self.is_writer)
         self.state = TrainState(stage="sft" if config.sft.enabled else "grpo")
@@ -184,6 +190,9 @@ class Trainer:
                     examples=self.demo_examples(),
                     seed=cfg.run.seed,
                 )
+            if self.is_writer:
+                console = ConsoleSink(cfg, sft_steps=self.sft_total_steps() if self.sft else None)
+                self.sinks = SinkGroup([self.run_dir, console, *self.extra_sinks])
             if self.resume:
                 self.restore(loaded)
             with self.progress:
@@ -263,7 +272,6 @@ class Trainer:
             if self.teacher_success is not None:
                 metrics["sft/teacher_success"] = self.teacher_success
             self.log_metrics("sft", self.state.step, metrics)
-            self.live_line_sft(metrics, total)
             self.progress.step_done()
             if cfg.eval_every and self.state.sft_step % cfg.eval_every == 0 and self.state.sft_step < total:
                 await self.evaluate("sft")
@@ -339,7 +347,6 @@ class Trainer:
         )
         self.log_metrics("grpo", step, metrics)
         self.write_trajectories(step, everyone)
-        self.live_line(step, metrics)
         self.emit("after_step")
         return metrics
 
@@ -425,7 +432,6 @@ class Trainer:
         metrics = evaluation_metrics(tasks, every_group, elapsed_s=time.perf_counter() - t0)
         metrics["time/elapsed_s"] = self.elapsed()
         self.log_metrics("eval", self.state.step, metrics, tag=tag)
-        self.live_line_eval(tag, metrics)
         return metrics
 
     def elapsed(self) -> float:
@@ -452,20 +458,20 @@ class Trainer:
 
     # -- records -----------------------------------------------------------------------------------------
 
-    def log_metrics(self, kind: str, step: int, metrics: dict[str, float], *, tag: str | None = None) -> None:
+    def log_metrics(
+        self, kind: MetricKind, step: int, metrics: dict[str, float], *, tag: str | None = None
+    ) -> None:
         """One `metrics.jsonl` record; SFT records carry GRPO step 0 (so a resume rewinds by GRPO step)."""
         record: dict[str, Any] = {"stage": self.state.stage, "sft_step": self.state.sft_step}
         if tag is not None:
             record["tag"] = tag
         record.update({k: float(v) for k, v in metrics.items()})
         self.history.append({"kind": kind, "step": step, **record})
-        if self.is_writer:
-            self.run_dir.append_metrics(step, record, kind=kind)
+        self.sinks.write_metrics(kind, step, record)
 
     def write_trajectories(self, step: int, groups: list[EpisodeGroup]) -> None:
         """Every episode of the step, one JSON line each (crash-safe, deduplicated by the run dir)."""
-        if self.is_writer:
-            self.run_dir.append_trajectories(step, (e.to_dict() for g in groups for e in g.episodes))
+        self.sinks.write_episodes(step, [e.to_dict() for g in groups for e in g.episodes])
 
     # -- checkpoints -------------------------------------------------------------------------------------
 
@@ -522,64 +528,19 @@ class Trainer:
             state.stage = "grpo"
         return state
 
-    # -- console -----------------------------------------------------------------------------------------
-
-    def live_line(self, step: int, m: dict[str, float]) -> None:
-        """One line per GRPO step: reward, success rate, KL, tool errors, ratio health, timing."""
-        logger.info(
-            "grpo_step",
-            step=f"{step}/{self.config.run.steps}",
-            reward=round(m.get("rollout/reward_mean", 0.0), 3),
-            success=round(m.get("rollout/success_rate", 0.0), 3),
-            kl=round(m.get("loss/kl", 0.0), 4),
-            tool_errors=round(m.get("tools/error_rate", 0.0), 3),
-            zero_std=round(m.get("adv/zero_std_frac", 0.0), 2),
-            clip=round(m.get("ratio/clip_frac", 0.0), 3),
-            step_s=round(m.get("perf/step_s", 0.0), 1),
-            elapsed_s=round(self.elapsed(), 0),
-        )
-
-    def live_line_sft(self, m: dict[str, float], total: int) -> None:
-        every = max(1, total // 20)
-        if self.state.sft_step % every == 0 or self.state.sft_step == total:
-            logger.info(
-                "sft_step",
-                step=f"{self.state.sft_step}/{total}",
-                loss=round(m["sft/loss"], 4),
-                token_acc=round(m["sft/token_acc"], 3),
-                elapsed_s=round(self.elapsed(), 0),
-            )
-
-    def live_line_eval(self, tag: str, m: dict[str, float]) -> None:
-        logger.info(
-            "validation",
-            tag=tag,
-            step=self.state.step,
-            success=round(m.get("val/success_rate", 0.0), 3),
-            reward=round(m.get("val/reward_mean", 0.0), 3),
-            turns=round(m.get("val/turns_mean", 0.0), 2),
-            tool_errors=round(m.get("val/tools/error_rate", 0.0), 3),
-            tasks=len(self.val_tasks),
-            time_s=round(m.get("val/time_s", 0.0), 1),
-        )
-
     # -- the end -----------------------------------------------------------------------------------------
 
     def evals(self) -> list[dict[str, Any]]:
         return [r for r in self.history if r["kind"] == "eval"]
 
     def finish(self) -> dict[str, Any]:
-        """Write the run's summary (`summary.json`, see `summary`), log it and return it.
+        """Hand the run's summary (see `summary`) to the sinks (`summary.json`, the console) and return it.
 
         In a data-parallel run every rank also writes ``ranks/rank-<r>.json`` with a digest of the weights it
         samples from: equal digests show every rank finished with the same weights.
         """
-        from mcprl_train.run.run_dir import _atomic_write_text
-
         summary = self.summary()
-        if self.is_writer:
-            _atomic_write_text(self.run_dir.path / "summary.json", json.dumps(summary, indent=2) + "\n")
-            logger.info("run_finished", **{k: v for k, v in summary.items() if v is not None})
+        self.sinks.write_summary(summary)
         if self.world > 1:
             self.write_rank_record()
         return summary

@@ -6,11 +6,12 @@ Layout::
       config.yaml           the resolved config (`Config.to_yaml`), rewritten atomically
       metrics.jsonl         one object per logged step: {"run", "kind", "step", "time", <metric keys>...}
       trajectories.jsonl    one object per episode: {"run", "step", "episode_id", ...}
+      summary.json          the run's summary (`RunDir.write_summary`), written atomically at the end
       training.log          the structlog JSON lines of the run (`mcprl_train.run.tracking.configure_logging`)
       plots/*.png           `mcprl_train.run.plots.write_plots`
       checkpoints/          `mcprl_train.run.checkpoint.CheckpointManager` (``step-00000010/``, ``latest``)
 
-API (used by `mcprl_train.loop.trainer.Trainer`):
+API (used by `mcprl_train.loop.trainer.Trainer`; `RunDir` is a `mcprl_train.run.sinks.MetricsSink`):
 
 - ``RunDir.create(config)`` — a new run under ``config.run.output_dir`` named ``config.run.name`` (or a
   timestamped name); refuses a directory that already holds a run. Writes ``config.yaml``.
@@ -18,6 +19,8 @@ API (used by `mcprl_train.loop.trainer.Trainer`):
 - ``run_dir.append_metrics(step, metrics, kind="grpo")`` — one line, flushed and fsynced.
 - ``run_dir.append_trajectories(step, records)`` — a batch of episode dicts (each with ``episode_id``) in one
   write + flush + fsync; records whose ``(run, step, episode_id)`` was already written are dropped.
+- ``write_metrics`` / ``write_episodes`` / ``write_summary`` — the sink protocol: the two appends above and
+  ``summary.json``.
 - ``run_dir.rewind(step)`` — on resume: cut a torn last line, drop every record logged after ``step`` (the
   restored checkpoint's step; those steps are re-run), and return a `RewindReport`. After it, the logs hold
   exactly what an uninterrupted run would have written up to ``step``.
@@ -44,7 +47,10 @@ from mcprl_train.errors import RunDirError
 from mcprl_train.run.checkpoint import CheckpointManager, fsync_dir
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from mcprl_train.config import Config
+    from mcprl_train.run.sinks import MetricKind, Record
 
 __all__ = ["JsonlReadResult", "RewindReport", "RunDir", "read_jsonl"]
 
@@ -53,6 +59,7 @@ logger = structlog.get_logger()
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_FILE = "trajectories.jsonl"
+SUMMARY_FILE = "summary.json"
 LOG_FILE = "training.log"
 
 
@@ -178,6 +185,10 @@ class RunDir:
         return self.path / TRAJECTORIES_FILE
 
     @property
+    def summary_path(self) -> Path:
+        return self.path / SUMMARY_FILE
+
+    @property
     def log_path(self) -> Path:
         return self.path / LOG_FILE
 
@@ -222,6 +233,20 @@ class RunDir:
         if fresh:
             _append_lines(self.trajectories_path, fresh)
         return len(fresh)
+
+    # -- the sink protocol (`mcprl_train.run.sinks.MetricsSink`) --------------------------------------------
+
+    def write_metrics(self, kind: MetricKind, step: int, record: Record) -> None:
+        """`append_metrics`: one ``metrics.jsonl`` line, fsynced."""
+        self.append_metrics(step, record, kind=kind)
+
+    def write_episodes(self, step: int, episodes: Sequence[Mapping[str, object]]) -> None:
+        """`append_trajectories`: the step's episodes in one write, fsynced, duplicates dropped."""
+        self.append_trajectories(step, episodes)
+
+    def write_summary(self, summary: Mapping[str, object]) -> None:
+        """``summary.json``, written atomically (temp file + fsync + rename)."""
+        _atomic_write_text(self.summary_path, json.dumps(summary, indent=2) + "\n")
 
     def _seen(self) -> set[tuple[str, int, str]]:
         if self._seen_episodes is None:

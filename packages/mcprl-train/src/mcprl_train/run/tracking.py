@@ -8,8 +8,8 @@
   wins over ``auto``; ``disabled`` never imports wandb. ``tracking.weave: true`` traces every episode as a
   weave call; weave has no offline mode, so it needs ``WANDB_API_KEY`` (or ``WEAVE_DISABLED=true``, which
   makes it a no-op) — otherwise `Tracker.start` fails with an error saying so.
-- `Tracker.hook` is a `mcprl_train.loop.trainer.Trainer` hook: after each step it forwards the new metrics
-  records to wandb and the new ``trajectories.jsonl`` lines to weave.
+- `Tracker` is a `mcprl_train.run.sinks.MetricsSink`: each metrics record goes to wandb as it is written,
+  each episode to weave, and the summary to the wandb run's summary.
 """
 
 from __future__ import annotations
@@ -18,15 +18,18 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import structlog
 
 from mcprl_train.config import Config
 from mcprl_train.errors import TrackingError
 from mcprl_train.run.run_dir import RunDir
+
+if TYPE_CHECKING:
+    from mcprl_train.run.sinks import MetricKind, Record
 
 __all__ = ["Tracker", "configure_logging", "resolve_wandb_mode"]
 
@@ -120,7 +123,7 @@ class Tracker:
 
     Args:
         config: The resolved config (``tracking`` section; logged as the wandb run config).
-        run_dir: The run directory (wandb files go to ``<run>/wandb``; trajectories are read from it).
+        run_dir: The run directory (wandb files go to ``<run>/wandb``; its name labels the runs and episodes).
     """
 
     def __init__(self, config: Config, run_dir: RunDir) -> None:
@@ -129,8 +132,6 @@ class Tracker:
         self.wandb_mode: WandbMode = "disabled"
         self._wandb_run: Any = None
         self._weave_op: Any = None
-        self._metrics_seen = 0
-        self._trajectory_offset = 0
 
     def start(self, env: Mapping[str, str] | None = None) -> Tracker:
         """Start wandb and weave as configured.
@@ -185,7 +186,26 @@ class Tracker:
 
         self._weave_op = episode
 
-    # -- forwarding ---------------------------------------------------------------------------------------
+    # -- the sink protocol (`mcprl_train.run.sinks.MetricsSink`) --------------------------------------------
+
+    def write_metrics(self, kind: MetricKind, step: int, record: Record) -> None:
+        """Log the record's numbers to wandb at ``step``.
+
+        GRPO keys are logged as they are; a bare key of an SFT or eval record gets its kind as prefix
+        (``sft/step``, ``eval/sft_step``) so the three kinds do not overwrite each other's panels.
+        """
+        prefix = "" if kind == "grpo" else f"{kind}/"
+        full: dict[str, Any] = {"kind": kind, "step": step, **record}
+        self.log_metrics(step, {k if "/" in k or not prefix else f"{prefix}{k}": v for k, v in full.items()})
+
+    def write_episodes(self, step: int, episodes: Sequence[Mapping[str, object]]) -> None:
+        """Trace each episode of ``step`` as a weave call (labelled with the run and step, as on disk)."""
+        self.trace_episodes([{"run": self.run_dir.name, "step": step, **e} for e in episodes])
+
+    def write_summary(self, summary: Mapping[str, object]) -> None:
+        """Set the wandb run's summary to the run's (non-null) summary fields."""
+        if self._wandb_run is not None:
+            self._wandb_run.summary.update({k: v for k, v in summary.items() if v is not None})
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Send numeric metrics of ``step`` to wandb (no-op when disabled)."""
@@ -194,37 +214,13 @@ class Tracker:
         numeric = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         self._wandb_run.log(numeric, step=step)
 
-    def trace_episodes(self, records: list[dict[str, Any]]) -> int:
+    def trace_episodes(self, records: Sequence[Mapping[str, Any]]) -> int:
         """Record each episode as a weave call; returns how many were traced."""
         if self._weave_op is None:
             return 0
         for record in records:
-            self._weave_op(record)
+            self._weave_op(dict(record))
         return len(records)
-
-    def hook(self, event: str, trainer: Any) -> None:
-        """A `Trainer` hook: after each step, forward new metrics records and new trajectories."""
-        if event not in ("after_step", "after_checkpoint"):
-            return
-        history: list[dict[str, Any]] = getattr(trainer, "history", [])
-        for record in history[self._metrics_seen :]:
-            prefix = "" if record.get("kind") == "grpo" else f"{record.get('kind')}/"
-            metrics = {k if "/" in k or not prefix else f"{prefix}{k}": v for k, v in record.items()}
-            self.log_metrics(int(record.get("step", 0)), metrics)
-        self._metrics_seen = len(history)
-        if self._weave_op is not None:
-            self.trace_episodes(self._new_trajectories())
-
-    def _new_trajectories(self) -> list[dict[str, Any]]:
-        path = self.run_dir.trajectories_path
-        if not path.exists():
-            return []
-        with path.open("rb") as handle:
-            handle.seek(self._trajectory_offset)
-            data = handle.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        self._trajectory_offset += len(complete)
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
     def finish(self) -> None:
         """Close the wandb run (flushes offline files)."""
