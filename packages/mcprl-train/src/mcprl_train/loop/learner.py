@@ -36,8 +36,8 @@ from mcprl_grpo import (
     value_metrics,
     zero_variance_groups,
 )
+from mcprl_policy import policy_forward
 from mcprl_train.errors import RatioHealthError
-from mcprl_train.forward import policy_forward
 
 logger = structlog.get_logger()
 

@@ -17,7 +17,7 @@ import attrs
 import structlog
 import torch
 
-from mcprl_train.forward import Layout, policy_forward
+from mcprl_policy import Layout, policy_forward
 from mcprl_train.loop.learner import pack_indices, warmup_lambda
 
 logger = structlog.get_logger()

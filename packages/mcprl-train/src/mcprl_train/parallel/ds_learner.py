@@ -38,9 +38,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from mcprl_policy import PackedForward
+from mcprl_policy import PackedForward, policy_forward
 from mcprl_train.errors import DistributedError
-from mcprl_train.forward import policy_forward
 from mcprl_train.loop.learner import Learner, Sample, _Micro, _micro
 from mcprl_train.parallel import collectives
 from mcprl_train.parallel.deepspeed import deepspeed_config, require_deepspeed

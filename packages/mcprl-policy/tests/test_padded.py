@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mcprl_policy import Policy
-from mcprl_train.forward import Layout, policy_forward
+from mcprl_policy import Layout, Policy, policy_forward
 
 
 def test_padded_and_packed_layouts_give_the_same_token_outputs() -> None:
@@ -34,3 +33,14 @@ def test_ids_outside_the_vocabulary_are_refused_with_the_vocabulary_size(layout:
         ValueError, match=rf"outside the model's vocabulary \(size {vocab}\): \[{vocab + 5}\]"
     ):
         policy_forward(policy, [[1, 2, 3], [4, vocab + 5]], temperature=1.0, values=False, layout=layout)
+
+
+def test_padded_results_do_not_depend_on_the_logits_chunk_size() -> None:
+    policy = Policy.from_pretrained("tiny", value_head=False)
+    seqs = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    with torch.no_grad():
+        whole = policy_forward(policy, seqs, temperature=1.0, values=False, layout="padded")
+        policy.logits_chunk_size = 2
+        chunked = policy_forward(policy, seqs, temperature=1.0, values=False, layout="padded")
+    torch.testing.assert_close(whole.logprobs, chunked.logprobs)
+    torch.testing.assert_close(whole.entropies, chunked.entropies)
