@@ -77,8 +77,13 @@ class HFSampler:
         )
         self._waiters: dict[int, _Waiter] = {}
 
-    def sync_weights(self) -> None:
-        """Nothing to do: generation reads the policy's live weights. Part of the samplers' common API."""
+    def sync_weights(self) -> bool:
+        """Nothing to do: generation reads the policy's live weights. Part of the samplers' common API.
+
+        Returns:
+            False: no weights are pushed.
+        """
+        return False
 
     def metrics(self) -> dict[str, float]:
         """Counters of the decode engine (forward passes, rows per pass, prefill tokens)."""
