@@ -62,7 +62,9 @@ def _signal_first_decode_step(sampler: HFSampler, monkeypatch: pytest.MonkeyPatc
 
 
 def test_hf_sampler_satisfies_the_sampler_protocol(policy: Policy) -> None:
-    assert isinstance(HFSampler(policy), PolicySampler)
+    sampler: PolicySampler = HFSampler(policy)  # pyright checks the signatures, isinstance only the names
+    assert isinstance(sampler, PolicySampler)
+    assert sampler.sync_weights() is False
 
 
 @pytest.mark.parametrize(
@@ -124,6 +126,7 @@ def test_requests_join_a_running_batch_between_decode_steps(
 
     async def main() -> tuple[Completion, list[Completion]]:
         long: list[Completion] = []
+        late: list[Completion] = []
         async with anyio.create_task_group() as tg:
 
             async def first() -> None:

@@ -132,3 +132,12 @@ def test_missing_local_directory_is_a_load_error(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ModelLoadError, match="--model tiny"):
         Policy.from_pretrained(str(tmp_path / "nowhere"))
+
+
+def test_logits_chunk_size_is_settable_and_refuses_less_than_one(tiny_dir: Path) -> None:
+    policy = Policy.from_pretrained(str(tiny_dir), value_head=False)
+    assert policy.logits_chunk_size == 1024
+    policy.logits_chunk_size = 3
+    assert policy.logits_chunk_size == 3
+    with pytest.raises(ValueError, match="logits_chunk_size must be >= 1"):
+        policy.logits_chunk_size = 0

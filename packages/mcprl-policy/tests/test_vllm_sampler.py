@@ -23,6 +23,7 @@ from mcprl_policy import (
     LoraSettings,
     MissingExtraError,
     Policy,
+    PolicySampler,
     SamplerError,
     SamplingParams,
 )
@@ -44,6 +45,11 @@ MAX_NEW = 24
 def _in_process_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     """Full-weight reload needs the engine core in this process."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def _as_policy_sampler(sampler: VLLMSampler) -> PolicySampler:
+    """Never called: pyright proves here that `VLLMSampler` satisfies `PolicySampler`."""
+    return sampler
 
 
 @pytest.mark.skipif(HAVE_VLLM, reason="vllm is installed")

@@ -5,6 +5,7 @@ from mcprl_policy.config import DType, LoraSettings, Quantization, SamplingParam
 from mcprl_policy.errors import MissingExtraError, ModelLoadError, PolicyError, SamplerError
 from mcprl_policy.hf_sampler import HFSampler
 from mcprl_policy.packed import PackedBatch, PackedForward, pack_sequences, packed_forward
+from mcprl_policy.padded import Layout, padded_forward, policy_forward
 from mcprl_policy.policy import Policy
 from mcprl_policy.reference import ReferencePolicy
 from mcprl_policy.sampler import PolicySampler
@@ -17,6 +18,7 @@ __all__ = [
     "DType",
     "FinishReason",
     "HFSampler",
+    "Layout",
     "LoraSettings",
     "MissingExtraError",
     "ModelLoadError",
@@ -35,4 +37,6 @@ __all__ = [
     "mcprl_cache_dir",
     "pack_sequences",
     "packed_forward",
+    "padded_forward",
+    "policy_forward",
 ]

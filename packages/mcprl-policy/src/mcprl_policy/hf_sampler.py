@@ -1,11 +1,12 @@
 """The transformers sampler: concurrent requests from many episodes share batched KV-cache decoding.
 
-Requests queue up; whichever caller finds no generation running becomes the *driver*: it waits a bounded
-time for more requests (``max_wait_ms``, or until ``max_batch_size`` are waiting), then runs the
-`DecodeEngine` in a worker thread. The engine returns each time a request finishes; the driver hands the
-results out and keeps going until its own request is done, then passes the role to a caller whose request is
-still running or waiting. New requests join the running batch between decode steps (continuous batching).
-No background task or thread outlives the callers: the engine only runs while some caller awaits it.
+Requests queue up in the engine; a `Batcher` elects a *driver* among the callers: it waits a bounded time for
+more requests (``max_wait_ms``, or until ``max_batch_size`` are waiting; not while a batch is running), then
+runs the `DecodeEngine` in a worker thread. The engine returns each time a request finishes; the driver hands
+the results out and keeps going until its own request is done, then passes the role to a caller whose
+request is still running or waiting. New requests join the running batch between decode steps (continuous
+batching). No background task or thread outlives the callers: the engine only runs while some caller awaits
+it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import anyio
 import attrs
 import structlog
 
+from mcprl_policy.batcher import Batcher, Wakeup
 from mcprl_policy.completion import Completion
 from mcprl_policy.config import SamplingParams
 from mcprl_policy.decode import DecodeEngine, DecodeRequest, end_of_turn_ids
@@ -30,7 +32,7 @@ _log = structlog.get_logger()
 @attrs.define(eq=False, kw_only=True)
 class _Waiter:
     request: DecodeRequest
-    wake: anyio.Event = attrs.field(factory=anyio.Event)
+    wake: Wakeup = attrs.field(factory=Wakeup)
 
 
 class HFSampler:
@@ -55,16 +57,12 @@ class HFSampler:
         max_wait_ms: float = 5.0,
         prefix_cache_mb: float = 0.0,
     ) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if max_wait_ms < 0:
-            raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        self._batcher = Batcher(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
         self.policy = policy
         self.params = params if params is not None else SamplingParams()
         self.max_batch_size = max_batch_size
-        self.max_wait_s = max_wait_ms / 1000.0
         tokenizer = policy.tokenizer
         self._tokenizer = tokenizer
         self._vocab_size = len(tokenizer)
@@ -78,11 +76,14 @@ class HFSampler:
             prefix_cache_bytes=int(prefix_cache_mb * 2**20),
         )
         self._waiters: dict[int, _Waiter] = {}
-        self._driving = False
-        self._batch_full = anyio.Event()
 
-    def sync_weights(self) -> None:
-        """Nothing to do: generation reads the policy's live weights. Part of the samplers' common API."""
+    def sync_weights(self) -> bool:
+        """Nothing to do: generation reads the policy's live weights. Part of the samplers' common API.
+
+        Returns:
+            False: no weights are pushed.
+        """
+        return False
 
     def metrics(self) -> dict[str, float]:
         """Counters of the decode engine (forward passes, rows per pass, prefill tokens)."""
@@ -110,15 +111,14 @@ class HFSampler:
         waiter = _Waiter(request=DecodeRequest(prompt_ids=prompt, max_new_tokens=max_new_tokens))
         self._waiters[id(waiter.request)] = waiter
         self.engine.pending.append(waiter.request)
-        if len(self.engine.pending) >= self.max_batch_size:
-            self._batch_full.set()
+        self._batcher.queued(len(self.engine.pending))
         try:
-            while not waiter.request.finished:
-                if not self._driving:
-                    await self._drive(waiter.request)
-                else:
-                    await waiter.wake.wait()
-                    waiter.wake = anyio.Event()
+            await self._batcher.serve(
+                waiter.wake,
+                finished=lambda: waiter.request.finished,
+                drive=lambda: self._drive(waiter.request),
+                hand_off=self._hand_off,
+            )
         except BaseException:
             waiter.request.cancelled = True
             raise
@@ -127,16 +127,8 @@ class HFSampler:
         return self._completion(waiter.request)
 
     async def _drive(self, own: DecodeRequest) -> None:
-        self._driving = True
         try:
-            if (
-                self.max_wait_s > 0
-                and not self.engine.active
-                and len(self.engine.pending) < self.max_batch_size
-            ):
-                with anyio.move_on_after(self.max_wait_s):
-                    await self._batch_full.wait()
-            self._batch_full = anyio.Event()
+            await self._batcher.gather(len(self.engine.pending), busy=bool(self.engine.active))
             while not own.finished:
                 try:
                     finished = await anyio.to_thread.run_sync(self.engine.run_until_finished)
@@ -150,23 +142,19 @@ class HFSampler:
         except BaseException:
             own.cancelled = True  # before the hand-off, so nobody is asked to drive for it
             raise
-        finally:
-            self._driving = False
-            if not self._hand_off():
-                self.engine.discard_cancelled()
 
     def _wake(self, request: DecodeRequest) -> None:
         waiter = self._waiters.get(id(request))
         if waiter is not None:
             waiter.wake.set()
 
-    def _hand_off(self) -> bool:
-        """Wake one caller whose request still needs generating, so it takes over driving."""
+    def _hand_off(self) -> None:
+        """Wake one caller whose request still needs generating, so it takes over driving; else tidy up."""
         for request in (*self.engine.active, *self.engine.pending):
             if not request.cancelled and id(request) in self._waiters:
                 self._wake(request)
-                return True
-        return False
+                return
+        self.engine.discard_cancelled()
 
     def _validate(self, prompt: list[int], max_new_tokens: int) -> None:
         if not prompt:

@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 __all__ = [
     "PackedBatch",
     "PackedForward",
+    "backbone_and_head",
     "check_token_ids",
     "pack_sequences",
     "packed_forward",
@@ -149,7 +150,7 @@ def packed_forward(
     device = next(model.parameters()).device
     batch = pack_sequences(sequences, device=device)
     check_token_ids(model, batch.input_ids)
-    backbone, lm_head = _backbone_and_head(model)
+    backbone, lm_head = backbone_and_head(model)
     hidden = backbone(
         input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False
     ).last_hidden_state[0]
@@ -178,7 +179,7 @@ def packed_forward(
     )
 
 
-def _backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+def backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     """The decoder stack and output projection of a causal LM, looking through peft wrappers."""
     base: Any = model
     get_base = getattr(model, "get_base_model", None)

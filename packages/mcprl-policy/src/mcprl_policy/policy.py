@@ -31,7 +31,8 @@ class Policy:
 
     Build with `Policy.from_pretrained`. Attributes: ``model`` (a transformers model, or a peft model when
     LoRA is on), ``tokenizer``, ``value_head`` (`ValueHead` or ``None``), ``lora`` (`LoraSettings` or
-    ``None``), ``quantization``, ``base_model`` (the directory or hub id the base weights came from).
+    ``None``), ``quantization``, ``base_model`` (the directory or hub id the base weights came from) and
+    `logits_chunk_size`.
     """
 
     def __init__(
@@ -51,7 +52,7 @@ class Policy:
         self.base_model = base_model
         self.lora = lora
         self.quantization = quantization
-        self.logits_chunk_size = logits_chunk_size
+        self.logits_chunk_size = logits_chunk_size  # validated by the property's setter
         if value_head is not None:
             value_head.to(self.device)
 
@@ -142,6 +143,21 @@ class Policy:
             lora=settings,
             quantization=quantization,
         )
+
+    @property
+    def logits_chunk_size(self) -> int:
+        """Token rows per output-head chunk in the training forwards (`forward_packed`, `policy_forward`).
+
+        The forward materialises ``logits_chunk_size × vocabulary`` logits at a time (recomputed in backward),
+        which bounds its memory; results do not depend on it. Settable; must be >= 1.
+        """
+        return self._logits_chunk_size
+
+    @logits_chunk_size.setter
+    def logits_chunk_size(self, value: int) -> None:
+        if value < 1:
+            raise ValueError(f"logits_chunk_size must be >= 1, got {value}")
+        self._logits_chunk_size = int(value)
 
     @property
     def device(self) -> torch.device:

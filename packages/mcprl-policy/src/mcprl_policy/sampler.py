@@ -12,14 +12,19 @@ __all__ = ["PolicySampler"]
 
 @runtime_checkable
 class PolicySampler(Protocol):
-    """What the trainer needs from a sampler (`HFSampler`, `VLLMSampler`)."""
+    """What the trainer needs from a sampler (`HFSampler`, `VLLMSampler`): type samplers with this, not getattr."""
 
     async def sample(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> Completion:
         """Generate one continuation of ``prompt_ids``."""
         ...
 
-    def sync_weights(self) -> None:
-        """Make generation use the policy's current weights (called after each optimizer update)."""
+    def sync_weights(self) -> bool:
+        """Make generation use the policy's current weights (called after each optimizer update).
+
+        Returns:
+            Whether weights were pushed to the generation engine (False for a sampler reading the live weights,
+            or when the engine already held them).
+        """
         ...
 
     def metrics(self) -> dict[str, float]:

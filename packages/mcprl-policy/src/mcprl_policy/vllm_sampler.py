@@ -16,8 +16,8 @@ On CPU, vLLM's in-process worker pins torch to 1 thread (unless ``OMP_NUM_THREAD
 
 All samplers of one policy built with the same engine settings share one engine (e.g. the rollout and the
 greedy evaluation sampler), so the weights are held and pushed once. Concurrent ``sample`` calls are gathered
-(bounded wait, bounded batch) into one ``llm.generate`` call in a worker thread; vLLM batches internally. This
-is the only module importing vllm.
+by a `Batcher` (bounded wait, bounded batch) into one ``llm.generate`` call in a worker thread; vLLM batches
+internally. This is the only module importing vllm.
 
 Randomness: ``SamplingParams.seed`` seeds the engine (samplers with different seeds get different engines);
 requests carry no seed of their own, so identical prompts (a GRPO group) get different samples. Per-request
@@ -46,6 +46,7 @@ import anyio
 import attrs
 import structlog
 
+from mcprl_policy.batcher import Batcher, Wakeup
 from mcprl_policy.completion import Completion
 from mcprl_policy.config import SamplingParams
 from mcprl_policy.decode import end_of_turn_ids
@@ -156,9 +157,13 @@ _ENGINES: weakref.WeakKeyDictionary[Policy, dict[str, _Engine]] = weakref.WeakKe
 class _Pending:
     prompt_ids: list[int]
     max_new_tokens: int
-    done: anyio.Event = attrs.field(factory=anyio.Event)
+    wake: Wakeup = attrs.field(factory=Wakeup)
     result: Completion | None = None
     error: BaseException | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None or self.error is not None
 
 
 class VLLMSampler:
@@ -189,6 +194,7 @@ class VLLMSampler:
         share_engine: bool = True,
     ) -> None:
         vllm = require_vllm()
+        self._batcher = Batcher(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
         supported = _cpu_head_sizes()
         if supported is not None:
             config: Any = policy.model.config
@@ -199,7 +205,6 @@ class VLLMSampler:
         self.policy = policy
         self.params = params if params is not None else SamplingParams()
         self.max_batch_size = max_batch_size
-        self.max_wait_s = max_wait_ms / 1000.0
         p = self.params
         if not p.greedy and (p.top_p < 1.0 or p.top_k > 0 or p.repetition_penalty != 1.0):
             _log.warning(
@@ -233,8 +238,6 @@ class VLLMSampler:
         self._vllm = vllm
         self._stop_ids = sorted(end_of_turn_ids(policy.tokenizer, policy.model))
         self._pending: list[_Pending] = []
-        self._running = False
-        self._batch_full = anyio.Event()
         self.generate_calls = 0
         self.sync_weights()
 
@@ -268,40 +271,32 @@ class VLLMSampler:
             raise SamplerError("need a non-empty prompt and max_new_tokens >= 1")
         request = _Pending(prompt_ids=[int(t) for t in prompt_ids], max_new_tokens=max_new_tokens)
         self._pending.append(request)
-        if len(self._pending) >= self.max_batch_size:
-            self._batch_full.set()
-        while request.result is None and request.error is None:
-            if not self._running:
-                await self._run_batch()
-            else:
-                await request.done.wait()
+        self._batcher.queued(len(self._pending))
+        await self._batcher.serve(
+            request.wake, finished=lambda: request.finished, drive=self._run_batch, hand_off=self._hand_off
+        )
         if request.error is not None:
             raise SamplerError(f"vLLM generation failed: {request.error!r}") from request.error
         assert request.result is not None
         return request.result
 
     async def _run_batch(self) -> None:
-        self._running = True
+        await self._batcher.gather(len(self._pending))
+        batch, self._pending = self._pending[: self.max_batch_size], self._pending[self.max_batch_size :]
         try:
-            if len(self._pending) < self.max_batch_size:
-                with anyio.move_on_after(self.max_wait_s):
-                    await self._batch_full.wait()
-            self._batch_full = anyio.Event()
-            batch, self._pending = self._pending[: self.max_batch_size], self._pending[self.max_batch_size :]
-            try:
-                results = await anyio.to_thread.run_sync(self._generate, batch)
-                for request, result in zip(batch, results, strict=True):
-                    request.result = result
-            except Exception as exc:
-                for request in batch:
-                    request.error = exc
+            results = await anyio.to_thread.run_sync(self._generate, batch)
+            for request, result in zip(batch, results, strict=True):
+                request.result = result
+        except Exception as exc:
             for request in batch:
-                request.done.set()
-        finally:
-            self._running = False
-            if self._pending:
-                self._pending[0].done.set()  # wake one waiter to run the next batch
-                self._pending[0].done = anyio.Event()
+                request.error = exc
+        for request in batch:
+            request.wake.set()
+
+    def _hand_off(self) -> None:
+        """Wake the first waiting caller to run the next batch."""
+        if self._pending:
+            self._pending[0].wake.set()
 
     def _generate(self, batch: list[_Pending]) -> list[Completion]:
         self._engine.sync(self.policy, force=False)  # no-op unless the weights changed since the last push

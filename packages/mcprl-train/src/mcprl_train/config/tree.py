@@ -316,7 +316,7 @@ class OptimConfig:
 
     ``micro_batch_tokens`` bounds one forward/backward (gradient accumulation over micro-batches);
     ``layout`` is ``packed`` (one row, block-diagonal mask: GPUs with varlen attention) or ``padded``
-    (length-sorted right-padded rows: cheaper on CPU, see `mcprl_train.forward`); ``logits_chunk_size`` is
+    (length-sorted right-padded rows: cheaper on CPU, see `mcprl_policy.padded`); ``logits_chunk_size`` is
     how many token rows get their vocabulary logits at once (peak logits memory ∝ rows × vocabulary).
     """
 

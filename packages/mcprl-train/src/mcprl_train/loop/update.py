@@ -28,10 +28,9 @@ from typing import Any, Protocol
 import structlog
 import torch
 
-from mcprl_policy import PackedForward, Policy
+from mcprl_policy import Layout, PackedForward, Policy, policy_forward
 from mcprl_train.config import OptimConfig
 from mcprl_train.errors import RatioHealthError
-from mcprl_train.forward import Layout, policy_forward
 from mcprl_train.loop.samples import Sample
 
 __all__ = ["CheckpointWriter", "TorchBackend", "UpdateBackend", "adamw"]

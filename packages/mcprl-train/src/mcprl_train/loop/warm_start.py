@@ -17,8 +17,7 @@ import attrs
 import structlog
 import torch
 
-from mcprl_policy import Policy
-from mcprl_train.forward import Layout, policy_forward
+from mcprl_policy import Layout, Policy, policy_forward
 from mcprl_train.loop.learner import warmup_lambda
 from mcprl_train.loop.samples import pack_indices, without_first_token
 

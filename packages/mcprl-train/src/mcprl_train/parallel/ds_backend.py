@@ -45,12 +45,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from mcprl_policy import PackedForward, Policy
+from mcprl_policy import Layout, PackedForward, Policy, policy_forward
 from mcprl_train import collectives
 from mcprl_train.build import build_policy
 from mcprl_train.config import Config
 from mcprl_train.errors import DistributedError
-from mcprl_train.forward import Layout, policy_forward
 from mcprl_train.loop.samples import Sample
 from mcprl_train.loop.update import CheckpointWriter, adamw
 from mcprl_train.parallel.deepspeed import deepspeed_config, require_deepspeed

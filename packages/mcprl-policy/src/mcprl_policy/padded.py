@@ -1,4 +1,4 @@
-"""The training forward in one of two layouts, returning `mcprl_policy.PackedForward` either way.
+"""The training forward in one of two layouts, returning `PackedForward` either way.
 
 - ``packed``: `Policy.forward_packed` — every sequence in one row with restarting positions and a
   block-diagonal causal mask. Right for GPUs (flash-attention varlen kernels skip the masked blocks).
@@ -14,62 +14,94 @@ token), and values of the prefix when a value head is present.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal, assert_never
 
 import torch
+from torch import nn
 
-from mcprl_policy import PackedForward
-from mcprl_policy.packed import check_token_ids, token_logprobs_and_entropy
+from mcprl_policy.packed import PackedForward, backbone_and_head, check_token_ids, token_logprobs_and_entropy
+from mcprl_policy.policy import Policy
 
-__all__ = ["Layout", "policy_forward"]
+__all__ = ["Layout", "padded_forward", "policy_forward"]
 
 Layout = Literal["packed", "padded"]
 
 
 def policy_forward(
-    policy: Any,
+    policy: Policy,
     sequences: Sequence[Sequence[int]],
     *,
     temperature: float,
     values: bool,
     layout: Layout,
 ) -> PackedForward:
-    """Per-token logprobs, entropies (and values) of `sequences`, concatenated like `forward_packed`."""
+    """Per-token logprobs, entropies (and values) of ``sequences`` in ``layout``, concatenated alike.
+
+    Uses the live weights and the policy's `Policy.logits_chunk_size`; runs under autograd unless called
+    inside ``torch.no_grad()``.
+
+    Args:
+        policy: the policy whose model (and value head) run.
+        sequences: token ids, one non-empty sequence each.
+        temperature: divides the logits; must equal the sampler's so that ratios start at 1.
+        values: also compute values (when the policy has a value head).
+        layout: ``packed`` (one row, block-diagonal mask) or ``padded`` (right-padded rows).
+    """
     match layout:
         case "packed":
             return policy.forward_packed(sequences, temperature=temperature, values=values)
         case "padded":
-            return padded_forward(policy, sequences, temperature=temperature, values=values)
+            return padded_forward(
+                policy.model,
+                sequences,
+                temperature=temperature,
+                value_head=policy.value_head if values else None,
+                chunk_size=policy.logits_chunk_size,
+                pad_token_id=int(policy.tokenizer.pad_token_id or 0),
+            )
+        case _:
+            assert_never(layout)
 
 
 def padded_forward(
-    policy: Any, sequences: Sequence[Sequence[int]], *, temperature: float, values: bool
+    model: nn.Module,
+    sequences: Sequence[Sequence[int]],
+    *,
+    temperature: float = 1.0,
+    value_head: nn.Module | None = None,
+    chunk_size: int = 1024,
+    pad_token_id: int = 0,
 ) -> PackedForward:
-    """`Policy.forward_packed`'s result computed over right-padded rows (see the module docstring)."""
-    model = policy.model
+    """`packed_forward`'s result computed over right-padded rows (see the module docstring).
+
+    Args:
+        model: a causal LM, plain or peft-wrapped.
+        sequences: token ids, one non-empty sequence each; row ``r`` of the ``(S, max len)`` batch.
+        temperature: divides the logits (> 0).
+        value_head: maps ``(M, H)`` hidden states to ``(M,)`` values; ``None`` computes no values.
+        chunk_size: rows per logits chunk (see `token_logprobs_and_entropy`).
+        pad_token_id: fills the rows past each sequence's end (masked out of attention).
+    """
     device = next(model.parameters()).device
     lens = [len(s) for s in sequences]
     if not lens or min(lens) == 0:
         raise ValueError("padded_forward needs at least one sequence and no empty sequence")
     width = max(lens)
-    pad = int(policy.tokenizer.pad_token_id or 0)
-    ids = torch.full((len(lens), width), pad, dtype=torch.long, device=device)
+    ids = torch.full((len(lens), width), pad_token_id, dtype=torch.long, device=device)
     attention = torch.zeros((len(lens), width), dtype=torch.long, device=device)
     for row, seq in enumerate(sequences):
         ids[row, : lens[row]] = torch.tensor(list(seq), dtype=torch.long, device=device)
         attention[row, : lens[row]] = 1
     check_token_ids(model, ids)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    backbone = getattr(base, base.base_model_prefix)
+    backbone, lm_head = backbone_and_head(model)
     hidden = backbone(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
     # Row r, position t-1 predicts token t for 1 <= t < len_r.
     rows = torch.cat([torch.full((n - 1,), r, device=device) for r, n in enumerate(lens)])
     cols = torch.cat([torch.arange(1, n, device=device) for n in lens])
     source = hidden[rows, cols - 1]
     lp, ent = token_logprobs_and_entropy(
-        source, base.get_output_embeddings(), ids[rows, cols], temperature=temperature,
-        chunk_size=getattr(policy, "logits_chunk_size", 1024),
-    )  # fmt: skip
+        source, lm_head, ids[rows, cols], temperature=temperature, chunk_size=chunk_size
+    )
     starts = torch.tensor([0, *lens[:-1]], device=device).cumsum(0)
     flat_idx = torch.cat([starts[r] + torch.arange(1, n, device=device) for r, n in enumerate(lens)])
     total = sum(lens)
@@ -78,8 +110,8 @@ def padded_forward(
     valid = torch.zeros(total, dtype=torch.bool, device=device)
     valid[flat_idx] = True
     value_out = None
-    if values and getattr(policy, "value_head", None) is not None:
-        v = policy.value_head(source)
+    if value_head is not None:
+        v = value_head(source)
         value_out = hidden.new_zeros(total, dtype=torch.float32).index_put((flat_idx,), v.float())
     return PackedForward(
         logprobs=logprobs, entropies=entropies, values=value_out, valid=valid, seq_lens=tuple(lens)
