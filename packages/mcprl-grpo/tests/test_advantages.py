@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import math
+import random
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
 import torch
+from grpo_testkit import tolist_1d, tolist_2d
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mcprl_grpo import (
     ArgumentError,
     DTypeError,
+    Estimator,
     ShapeError,
     contiguous_group_ids,
     expand_to_tokens,
@@ -22,7 +26,7 @@ from mcprl_grpo import (
     zero_variance_groups,
 )
 
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+ESTIMATORS: tuple[Estimator, ...] = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 FAST = settings(max_examples=40, deadline=None)
 # Rewards on a grid of quarters: shifts and scales stay exact, so ties (zero-variance groups) are preserved.
 REWARD = st.integers(-40, 40).map(lambda k: k / 4)
@@ -75,7 +79,7 @@ def _members(b: Batch) -> dict[int, list[int]]:
     return out
 
 
-def _centred(b: Batch, estimator: str) -> list[float]:
+def _centred(b: Batch, estimator: Estimator) -> list[float]:
     adv = [0.0] * len(b.rewards)
     for idx in _members(b).values():
         rs = [b.rewards[i] for i in idx]
@@ -118,7 +122,7 @@ def paper_reinforce_pp(b: Batch, eps: float) -> list[float]:
     ]
 
 
-def _close(got: torch.Tensor, want: list[float], tol: float = 1e-9) -> None:
+def _close(got: torch.Tensor, want: Sequence[float], tol: float = 1e-9) -> None:
     assert not torch.isnan(got).any()
     torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), atol=tol, rtol=tol)
 
@@ -157,64 +161,64 @@ def test_batch_scale_divides_by_std_of_centred_advantages(b: Batch) -> None:
     r, g, v = b.tensors()
     got = group_advantages(r, g, valid=v, estimator="grpo", scale="batch", eps=0.0)
     want = group_advantages(r, g, valid=v, estimator="reinforce_pp", eps=0.0)
-    _close(got, want.tolist())
+    _close(got, tolist_1d(want))
 
 
 @FAST
 @given(batches(), st.sampled_from(ESTIMATORS))
 @example(Batch([1.0], [0], [True]), "grpo")
 @example(Batch([2.0, 2.0, 2.0, 2.0], [0, 0, 0, 0], [True] * 4), "rloo")
-def test_advantages_have_zero_mean_within_each_group(b: Batch, estimator: str) -> None:
+def test_advantages_have_zero_mean_within_each_group(b: Batch, estimator: Estimator) -> None:
     r, g, v = b.tensors()
-    adv = group_advantages(r, g, valid=v, estimator=estimator)  # type: ignore[arg-type]
+    adv = group_advantages(r, g, valid=v, estimator=estimator)
     sums = torch.zeros(int(g.max()) + 1, dtype=torch.float64).index_add_(0, g, adv)
     torch.testing.assert_close(sums, torch.zeros_like(sums), atol=1e-9, rtol=0)
 
 
 @FAST
 @given(batches(), st.sampled_from(ESTIMATORS), st.integers(-400, 400).map(lambda k: k / 4))
-def test_advantages_are_shift_invariant(b: Batch, estimator: str, shift: float) -> None:
+def test_advantages_are_shift_invariant(b: Batch, estimator: Estimator, shift: float) -> None:
     r, g, v = b.tensors()
-    a = group_advantages(r, g, valid=v, estimator=estimator)  # type: ignore[arg-type]
-    shifted = group_advantages(r + shift, g, valid=v, estimator=estimator)  # type: ignore[arg-type]
+    a = group_advantages(r, g, valid=v, estimator=estimator)
+    shifted = group_advantages(r + shift, g, valid=v, estimator=estimator)
     torch.testing.assert_close(a, shifted, atol=1e-9, rtol=1e-9)
 
 
 @FAST
 @given(batches(), st.sampled_from(["grpo", "reinforce_pp"]), st.sampled_from([0.25, 2.0, 8.0, 1024.0]))
-def test_std_scaled_advantages_are_scale_invariant(b: Batch, estimator: str, factor: float) -> None:
+def test_std_scaled_advantages_are_scale_invariant(b: Batch, estimator: Estimator, factor: float) -> None:
     r, g, v = b.tensors()
-    a = group_advantages(r, g, valid=v, estimator=estimator, eps=0.0)  # type: ignore[arg-type]
-    scaled = group_advantages(r * factor, g, valid=v, estimator=estimator, eps=0.0)  # type: ignore[arg-type]
+    a = group_advantages(r, g, valid=v, estimator=estimator, eps=0.0)
+    scaled = group_advantages(r * factor, g, valid=v, estimator=estimator, eps=0.0)
     torch.testing.assert_close(a, scaled, atol=1e-9, rtol=1e-9)
 
 
 @FAST
 @given(batches(), st.sampled_from(ESTIMATORS), st.randoms(use_true_random=False))
-def test_advantages_are_permutation_equivariant(b: Batch, estimator: str, rnd) -> None:
+def test_advantages_are_permutation_equivariant(b: Batch, estimator: Estimator, rnd: random.Random) -> None:
     r, g, v = b.tensors()
     perm = list(range(len(b.rewards)))
     rnd.shuffle(perm)
     p = torch.tensor(perm)
-    a = group_advantages(r, g, valid=v, estimator=estimator)  # type: ignore[arg-type]
-    permuted = group_advantages(r[p], g[p], valid=v[p], estimator=estimator)  # type: ignore[arg-type]
+    a = group_advantages(r, g, valid=v, estimator=estimator)
+    permuted = group_advantages(r[p], g[p], valid=v[p], estimator=estimator)
     torch.testing.assert_close(permuted, a[p], atol=1e-9, rtol=1e-9)
 
 
 @FAST
 @given(st.integers(1, 16), st.sampled_from(ESTIMATORS), REWARD)
 @example(1, "rloo", 0.0)
-def test_constant_group_yields_exact_zero_never_nan(size: int, estimator: str, value: float) -> None:
+def test_constant_group_yields_exact_zero_never_nan(size: int, estimator: Estimator, value: float) -> None:
     r = torch.full((size,), value, dtype=torch.float64)
-    adv = group_advantages(r, torch.zeros(size, dtype=torch.long), estimator=estimator, eps=0.0)  # type: ignore[arg-type]
+    adv = group_advantages(r, torch.zeros(size, dtype=torch.long), estimator=estimator, eps=0.0)
     assert torch.equal(adv, torch.zeros_like(adv))
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
-def test_constant_group_of_repeating_decimal_is_exactly_zero(estimator: str) -> None:
+def test_constant_group_of_repeating_decimal_is_exactly_zero(estimator: Estimator) -> None:
     # 0.1 * 3 / 3 != 0.1 in floating point: the mean alone would leave a residue.
     r = torch.full((3,), 0.1, dtype=torch.float64)
-    adv = group_advantages(r, torch.zeros(3, dtype=torch.long), estimator=estimator)  # type: ignore[arg-type]
+    adv = group_advantages(r, torch.zeros(3, dtype=torch.long), estimator=estimator)
     assert torch.equal(adv, torch.zeros(3, dtype=torch.float64))
 
 
@@ -222,13 +226,13 @@ def test_constant_group_of_repeating_decimal_is_exactly_zero(estimator: str) -> 
 @given(batches(), st.sampled_from(ESTIMATORS))
 @example(Batch([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0], [0] * 8, [True] * 7 + [False]), "grpo")
 @example(Batch([1.0, 0.0, 5.0, 0.0], [0, 0, 1, 1], [True, True, False, False]), "reinforce_pp")
-def test_invalid_episodes_are_removed_from_baselines(b: Batch, estimator: str) -> None:
+def test_invalid_episodes_are_removed_from_baselines(b: Batch, estimator: Estimator) -> None:
     """RELIABILITY.md scenario 13: a failed episode is masked out; the others' advantages ignore it."""
     r, g, v = b.tensors()
     poisoned = torch.where(v, r, torch.tensor(float("nan"), dtype=torch.float64))
-    adv = group_advantages(poisoned, g, valid=v, estimator=estimator)  # type: ignore[arg-type]
+    adv = group_advantages(poisoned, g, valid=v, estimator=estimator)
     assert torch.equal(adv[~v], torch.zeros_like(adv[~v]))
-    without = group_advantages(r[v], g[v], estimator=estimator, num_groups=int(g.max()) + 1)  # type: ignore[arg-type]
+    without = group_advantages(r[v], g[v], estimator=estimator, num_groups=int(g.max()) + 1)
     torch.testing.assert_close(adv[v], without, atol=1e-9, rtol=1e-9)
 
 
@@ -257,16 +261,16 @@ def test_zero_variance_groups_and_filter_match_definition(b: Batch) -> None:
     k = int(g.max()) + 1
     members = _members(b)
     want = [g_ in members and len({b.rewards[i] for i in members[g_]}) == 1 for g_ in range(k)]
-    assert zero_variance_groups(r, g, valid=v).tolist() == want
+    assert tolist_1d(zero_variance_groups(r, g, valid=v)) == want
     keep = filter_zero_variance(r, g, valid=v)
-    assert keep.tolist() == [b.valid[i] and not want[b.group_ids[i]] for i in range(len(b.rewards))]
+    assert tolist_1d(keep) == [b.valid[i] and not want[b.group_ids[i]] for i in range(len(b.rewards))]
 
 
 def test_zero_variance_tolerance_counts_near_ties() -> None:
     r = torch.tensor([1.0, 1.0 + 1e-9, 0.0, 1.0], dtype=torch.float64)
     g = torch.tensor([0, 0, 1, 1])
-    assert zero_variance_groups(r, g).tolist() == [False, False]
-    assert zero_variance_groups(r, g, atol=1e-6).tolist() == [True, False]
+    assert tolist_1d(zero_variance_groups(r, g)) == [False, False]
+    assert tolist_1d(zero_variance_groups(r, g, atol=1e-6)) == [True, False]
 
 
 def test_grid_layout_round_trips_through_contiguous_group_ids() -> None:
@@ -291,7 +295,7 @@ def test_low_precision_rewards_compute_in_float32(dtype: torch.dtype) -> None:
 def test_expand_to_tokens_puts_advantage_on_masked_tokens_only() -> None:
     mask = torch.tensor([[0, 1, 1], [1, 0, 0]])
     out = expand_to_tokens(torch.tensor([2.0, -1.0]), mask)
-    assert out.tolist() == [[0.0, 2.0, 2.0], [-1.0, 0.0, 0.0]]
+    assert tolist_2d(out) == [[0.0, 2.0, 2.0], [-1.0, 0.0, 0.0]]
     with pytest.raises(ShapeError, match="mask"):
         expand_to_tokens(torch.tensor([2.0, -1.0, 0.0]), mask)
 
@@ -318,7 +322,7 @@ def test_expand_to_tokens_packed_layout_matches_padded() -> None:
     padded_mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 0]]).bool()
     packed_mask = torch.tensor([1, 0, 1, 1, 0, 1]).bool()
     seq_ids = torch.arange(3).repeat_interleave(lengths)
-    assert expand_to_tokens(adv, packed_mask, seq_ids=seq_ids).tolist() == [2.0, 0.0, -1.0, -1.0, 0.0, 0.5]
-    assert expand_to_tokens(adv, padded_mask)[padded_mask].tolist() == [2.0, -1.0, -1.0, 0.5]
+    assert tolist_1d(expand_to_tokens(adv, packed_mask, seq_ids=seq_ids)) == [2.0, 0.0, -1.0, -1.0, 0.0, 0.5]
+    assert tolist_1d(expand_to_tokens(adv, padded_mask)[padded_mask]) == [2.0, -1.0, -1.0, 0.5]
     with pytest.raises(ShapeError, match="advantages"):
         expand_to_tokens(adv[:2], packed_mask, seq_ids=seq_ids)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
+from grpo_testkit import tolist_2d
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +32,7 @@ def losses(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor]:
 def definition(loss: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int) -> float:
     rows = [
         [v for v, m in zip(lr, mr, strict=True) if m]
-        for lr, mr in zip(loss.tolist(), mask.tolist(), strict=True)
+        for lr, mr in zip(tolist_2d(loss), tolist_2d(mask), strict=True)
     ]
     rows = [r for r in rows if r]
     if not rows:
@@ -62,7 +65,7 @@ def test_each_mode_equals_its_definition(
 @FAST
 @given(losses(), st.sampled_from(MODES), st.randoms(use_true_random=False))
 def test_sum_over_micro_batches_with_global_normaliser_equals_full_batch(
-    data: tuple[torch.Tensor, torch.Tensor], mode: AggregationMode, rnd
+    data: tuple[torch.Tensor, torch.Tensor], mode: AggregationMode, rnd: random.Random
 ) -> None:
     loss, mask = data
     b, t = loss.shape

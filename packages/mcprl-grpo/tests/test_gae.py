@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from grpo_testkit import tolist_2d
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -52,7 +53,9 @@ PARAMS = st.tuples(st.sampled_from([0.0, 0.5, 0.99, 1.0]), st.sampled_from([0.0,
     ),
     (0.99, 0.95),
 )
-def test_gae_equals_recursion_over_policy_tokens(data, params) -> None:
+def test_gae_equals_recursion_over_policy_tokens(
+    data: tuple[torch.Tensor, torch.Tensor, torch.Tensor], params: tuple[float, float]
+) -> None:
     r, v, m = data
     gamma, lam = params
     adv, ret = gae_advantages(r, v, m, gamma=gamma, lam=lam)
@@ -68,7 +71,9 @@ def test_gae_equals_recursion_over_policy_tokens(data, params) -> None:
 
 @FAST
 @given(episodes(), PARAMS)
-def test_tool_tokens_neither_receive_nor_pass_credit(data, params) -> None:
+def test_tool_tokens_neither_receive_nor_pass_credit(
+    data: tuple[torch.Tensor, torch.Tensor, torch.Tensor], params: tuple[float, float]
+) -> None:
     r, v, m = data
     gamma, lam = params
     adv, ret = gae_advantages(r, v, m, gamma=gamma, lam=lam)
@@ -84,18 +89,18 @@ def test_tool_tokens_neither_receive_nor_pass_credit(data, params) -> None:
 def test_undiscounted_returns_are_future_reward_sums_across_tool_output() -> None:
     mask = torch.tensor([[1, 1, 0, 0, 1, 0]])
     rewards = rewards_at_last_token(torch.tensor([2.0]), mask)
-    assert rewards.tolist() == [[0.0, 0.0, 0.0, 0.0, 2.0, 0.0]]
+    assert tolist_2d(rewards) == [[0.0, 0.0, 0.0, 0.0, 2.0, 0.0]]
     adv, ret = gae_advantages(rewards, torch.zeros(1, 6), mask, gamma=1.0, lam=1.0)
-    assert ret.tolist() == [[2.0, 2.0, 0.0, 0.0, 2.0, 0.0]]
+    assert tolist_2d(ret) == [[2.0, 2.0, 0.0, 0.0, 2.0, 0.0]]
     _, disc = gae_advantages(rewards, torch.zeros(1, 6), mask, gamma=0.5, lam=1.0)
     # γ counts policy steps: two policy tokens separate position 0 from the reward, not four.
-    assert disc.tolist() == [[0.5, 1.0, 0.0, 0.0, 2.0, 0.0]]
+    assert tolist_2d(disc) == [[0.5, 1.0, 0.0, 0.0, 2.0, 0.0]]
     assert not adv.requires_grad
 
 
 def test_rewards_at_last_token_handles_rows_without_policy_tokens() -> None:
     out = rewards_at_last_token(torch.tensor([1.0, 3.0]), torch.tensor([[0, 0], [1, 0]]))
-    assert out.tolist() == [[0.0, 0.0], [3.0, 0.0]]
+    assert tolist_2d(out) == [[0.0, 0.0], [3.0, 0.0]]
 
 
 def test_gamma_outside_unit_interval_is_rejected() -> None:

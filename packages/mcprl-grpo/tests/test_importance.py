@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+from grpo_testkit import tolist_1d
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +27,9 @@ def pairs(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 @FAST
 @given(pairs())
-def test_token_ratio_is_probability_ratio_and_one_outside_mask(x) -> None:
+def test_token_ratio_is_probability_ratio_and_one_outside_mask(
+    x: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> None:
     lp, old, mask = x
     r = token_ratios(lp, old, mask)
     want = torch.where(mask, torch.exp(lp) / torch.exp(old), 1.0)
@@ -36,21 +39,25 @@ def test_token_ratio_is_probability_ratio_and_one_outside_mask(x) -> None:
 
 @FAST
 @given(pairs())
-def test_sequence_ratio_equals_gspo_length_normalised_likelihood_ratio(x) -> None:
+def test_sequence_ratio_equals_gspo_length_normalised_likelihood_ratio(
+    x: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> None:
     lp, old, mask = x
     got = sequence_ratios(lp, old, mask)
-    want = []
+    want: list[float] = []
     for i in range(lp.shape[0]):
         n = int(mask[i].sum())
-        p_new = math.prod(math.exp(v) for v in lp[i][mask[i]].tolist())
-        p_old = math.prod(math.exp(v) for v in old[i][mask[i]].tolist())
+        p_new = math.prod(math.exp(v) for v in tolist_1d(lp[i][mask[i]]))
+        p_old = math.prod(math.exp(v) for v in tolist_1d(old[i][mask[i]]))
         want.append((p_new / p_old) ** (1 / n) if n else 1.0)
     torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), atol=1e-10, rtol=1e-8)
 
 
 @FAST
 @given(pairs())
-def test_gspo_token_ratio_has_sequence_value_and_per_token_gradient(x) -> None:
+def test_gspo_token_ratio_has_sequence_value_and_per_token_gradient(
+    x: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> None:
     lp, old, mask = x
     lp = lp.clone().requires_grad_(True)
     r = gspo_token_ratios(lp, old, mask)
@@ -63,7 +70,7 @@ def test_gspo_token_ratio_has_sequence_value_and_per_token_gradient(x) -> None:
 
 @FAST
 @given(pairs())
-def test_packed_sequence_ratios_match_padded(x) -> None:
+def test_packed_sequence_ratios_match_padded(x: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
     lp, old, mask = x
     b = lp.shape[0]
     seq_ids = torch.arange(b).repeat_interleave(mask.sum(dim=1))
@@ -75,7 +82,9 @@ def test_packed_sequence_ratios_match_padded(x) -> None:
 
 @FAST
 @given(pairs(), st.sampled_from([1.0, 2.0, 5.0]))
-def test_tis_weights_truncate_or_mask_above_the_cap(x, cap: float) -> None:
+def test_tis_weights_truncate_or_mask_above_the_cap(
+    x: tuple[torch.Tensor, torch.Tensor, torch.Tensor], cap: float
+) -> None:
     trainer, sampler, mask = x
     w = tis_weights(trainer, sampler, mask, cap=cap)
     raw = torch.exp(trainer - sampler)

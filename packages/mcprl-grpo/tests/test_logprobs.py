@@ -23,7 +23,9 @@ FAST = settings(max_examples=40, deadline=None)
     st.sampled_from([0.5, 1.0, 1.7]),
     st.integers(0, 2**31 - 1),
 )
-def test_chunked_logprobs_and_entropy_equal_log_softmax(b, t, v, chunk, temp, seed) -> None:
+def test_chunked_logprobs_and_entropy_equal_log_softmax(
+    b: int, t: int, v: int, chunk: int | None, temp: float, seed: int
+) -> None:
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(b, t, v, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
     tokens = torch.randint(0, v, (b, t), generator=g)

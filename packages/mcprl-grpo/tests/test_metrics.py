@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from grpo_testkit import tolist_1d
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,11 +27,13 @@ def tokens(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
 
 @FAST
 @given(tokens(), st.sampled_from([None, 2.0]))
-def test_clip_and_ratio_metrics_match_definitions(x, dual) -> None:
+def test_clip_and_ratio_metrics_match_definitions(
+    x: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], dual: float | None
+) -> None:
     lp, old, adv, mask = x
     rows = [
         (math.exp(a - b), c)
-        for a, b, c, m in zip(lp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), strict=True)
+        for a, b, c, m in zip(tolist_1d(lp), tolist_1d(old), tolist_1d(adv), tolist_1d(mask), strict=True)
         if m
     ]
     n = max(len(rows), 1)

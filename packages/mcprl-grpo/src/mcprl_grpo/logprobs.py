@@ -68,7 +68,7 @@ def token_logprobs(
     if tokens.is_floating_point() or tokens.dtype == torch.bool:
         raise DTypeError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
     ids = tokens.reshape(-1).long()
-    parts = []
+    parts: list[torch.Tensor] = []
     for start, end in _chunks(flat.shape[0], chunk_size):
         z = _scaled(flat[start:end], temperature)
         picked = z.gather(-1, ids[start:end].unsqueeze(-1)).squeeze(-1)
@@ -92,7 +92,7 @@ def entropy_from_logits(
     """
     check_positive("temperature", temperature)
     flat = _flat_logits(logits)
-    parts = []
+    parts: list[torch.Tensor] = []
     for start, end in _chunks(flat.shape[0], chunk_size):
         z = _scaled(flat[start:end], temperature)
         lse = torch.logsumexp(z, dim=-1, keepdim=True)

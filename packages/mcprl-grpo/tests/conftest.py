@@ -1,0 +1,8 @@
+"""The test kit on sys.path (tests run with --import-mode=importlib, which adds no test directory)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
