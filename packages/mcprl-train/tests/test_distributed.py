@@ -137,8 +137,8 @@ def test_each_rank_collects_its_own_share_of_rollouts_on_the_mcp_servers(tmp_pat
         "grpo.tasks_per_step=2",
         "grpo.group_size=2",
         "tools.offline=[calculator,finance]",
-        "sampler.max_new_tokens_per_turn=32",
-        "env.max_concurrent_episodes=4",
+        "env.max_new_tokens_per_turn=32",
+        "collection.max_concurrent_episodes=4",
     ]
     command = [
         sys.executable,

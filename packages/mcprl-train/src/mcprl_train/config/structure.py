@@ -99,7 +99,7 @@ def _structure_class(value: Any, cls: type, path: str) -> Any:
     except ConfigError:
         raise
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+        raise ConfigError(f"{path}: {exc}" if path else str(exc)) from exc
 
 
 def _structure_union(value: Any, args: tuple[Any, ...], hint: Any, path: str) -> Any:

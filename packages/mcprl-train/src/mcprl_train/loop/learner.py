@@ -41,13 +41,6 @@ from mcprl_train.forward import policy_forward
 
 logger = structlog.get_logger()
 
-_MODES = {
-    "token_mean": "token-mean",
-    "seq_mean_token_mean": "seq-mean-token-mean",
-    "seq_mean_token_sum": "seq-mean-token-sum",
-    "dr_grpo": "seq-mean-token-sum-norm",
-}
-
 
 @attrs.frozen(kw_only=True)
 class Sample:
@@ -194,7 +187,7 @@ class Learner:
     Args:
         policy: An `mcprl_policy.Policy` (anything with `model`, `value_head`, `trainable_parameters()` and
             `forward_packed(sequences, temperature, values=...)`).
-        config: The run config (reads `grpo`, `optim`, `sampler.temperature`, `env.max_total_tokens`).
+        config: The run config (reads `grpo`, `optim`, `sampling.temperature`, `env.max_total_tokens`).
         total_steps: Training steps, for the LR schedule.
         seed: Seed of the minibatch shuffling.
         reference: An `mcprl_policy.ReferencePolicy` (needed when `grpo.kl_coef > 0`).
@@ -206,9 +199,9 @@ class Learner:
         self.policy = policy
         self.grpo = config.grpo
         self.optim_cfg = config.optim
-        self.temperature = float(config.sampler.temperature)
+        self.temperature = float(config.sampling.temperature)
         self.max_total_tokens = int(config.env.max_total_tokens)
-        self.mode: Any = _MODES[self.grpo.aggregation]
+        self.mode = self.grpo.aggregation
         self.reference = reference
         if self.grpo.kl_coef > 0 and reference is None:
             raise ValueError("grpo.kl_coef > 0 needs a reference policy")

@@ -156,7 +156,7 @@ class DeepSpeedGRPO:
 
     Args:
         policy: An `mcprl_policy.Policy` (its ``model`` is what DeepSpeed partitions).
-        config: The run config (``distributed``, ``optim``, ``grpo``, ``sampler.temperature``).
+        config: The run config (``distributed``, ``optim``, ``grpo``, ``sampling.temperature``).
     """
 
     def __init__(self, policy: Any, config: Config) -> None:
@@ -193,7 +193,7 @@ class DeepSpeedGRPO:
         from mcprl_grpo import aggregate_loss, clipped_surrogate_loss
 
         grpo = self.config.grpo
-        temperature = float(self.config.sampler.temperature)
+        temperature = float(self.config.sampling.temperature)
         total_tokens = sum(sum(m) for g in groups for m in g.loss_mask)
         losses: list[float] = []
         self.engine.train()
@@ -309,13 +309,13 @@ async def collect_share(
     from mcprl_train.loop.collection import collect_groups
 
     async with ToolManager(build.servers_config(config)) as manager:
-        env = Environment(manager=manager, tokenizer=tokenizer, config=build.env_config(config))
+        env = Environment(manager=manager, tokenizer=tokenizer, config=config.env)
         groups = await collect_groups(
             env,
             tasks,
             sampler,
             group_size=config.grpo.group_size,
-            max_concurrent_episodes=config.env.max_concurrent_episodes,
+            max_concurrent_episodes=config.collection.max_concurrent_episodes,
             max_retries=config.run.rollout_retries,
             namespace=f"step-{step}",
         )

@@ -119,9 +119,9 @@ class DeepSpeedLearner(Learner):
         self, *, policy: Any, config: Any, total_steps: int, seed: int, reference: Any = None
     ) -> None:
         deepspeed = require_deepspeed()
-        if config.lora.enabled:
+        if config.lora is not None:
             raise DistributedError(
-                "distributed.backend=deepspeed trains the full model; lora.enabled=true is not wired under "
+                "distributed.backend=deepspeed trains the full model; lora is not wired under "
                 "DeepSpeed (use one process: --set distributed.backend=none --set distributed.zero_stage=0)"
             )
         with_values = config.grpo.estimator == "gae"

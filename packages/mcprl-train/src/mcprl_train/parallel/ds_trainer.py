@@ -216,7 +216,7 @@ class DistributedTrainer(Trainer):
                 self.env,
                 mine,
                 self.eval_sampler,
-                max_concurrent_episodes=self.config.env.max_concurrent_episodes,
+                max_concurrent_episodes=self.config.collection.max_concurrent_episodes,
                 namespace=f"eval-{tag}-{self.state.sft_step}-{self.state.step}",
                 on_group=lambda _group: self.progress.advance(),
             )
