@@ -5,7 +5,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mcprl_train.config import Config, InlineServers, OfflineServers, ServersFile, list_profiles, parse_override
+from mcprl_train.config import (
+    Config,
+    InlineServers,
+    OfflineServers,
+    ServersFile,
+    list_profiles,
+    parse_override,
+)
 from mcprl_train.errors import ConfigError
 
 
@@ -166,17 +173,24 @@ def test_library_options_are_reachable_from_set() -> None:
     assert cfg.env.on_template_drift == "report"
     assert cfg.env.chat_template_kwargs == {"enable_thinking": False}
     assert cfg.sampling.top_k == 20
-    assert cfg.lora is not None and cfg.lora.r == 8
+    assert cfg.lora is not None
+    assert cfg.lora.r == 8
     assert Config.from_dict(cfg.to_dict()) == cfg
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("env.reward.wieghts={}", "unknown config key 'env.reward.wieghts'; did you mean 'env.reward.weights'"),
+        (
+            "env.reward.wieghts={}",
+            "unknown config key 'env.reward.wieghts'; did you mean 'env.reward.weights'",
+        ),
         ("env.reward.weights={outcom: 1.0}", "env.reward.weights: unknown reward function 'outcom'"),
         ("env.max_total_tokens=8", "env.max_total_tokens: expected a value >= 16, got 8"),
-        ("env.on_template_drift=ignore", "env.on_template_drift: got 'ignore'; expected one of 'raise', 'report'"),
+        (
+            "env.on_template_drift=ignore",
+            "env.on_template_drift: got 'ignore'; expected one of 'raise', 'report'",
+        ),
         ("lora.dropout=1.0", "lora.dropout: expected a value < 1.0, got 1.0"),
         ("sampling.seed=3", "sampling.seed: got 3; expected null"),
         ("sampling.temperature=0", "sampling.temperature: expected a value > 0"),

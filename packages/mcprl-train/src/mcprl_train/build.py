@@ -68,7 +68,9 @@ def build_sampler(config: Any, policy: Any, *, greedy: bool = False, seed: int |
 
     from mcprl_policy import HFSampler, SamplingParams
 
-    params = SamplingParams(temperature=0.0, seed=seed) if greedy else attrs.evolve(config.sampling, seed=seed)
+    params = (
+        SamplingParams(temperature=0.0, seed=seed) if greedy else attrs.evolve(config.sampling, seed=seed)
+    )
     match config.sampler.backend:
         case "hf":
             return HFSampler(
@@ -111,7 +113,6 @@ def servers_config(config: Any) -> Any:
     import attrs
 
     from mcprl_tools import ServersConfig
-
     from mcprl_train.config import InlineServers, OfflineServers, ServersFile
 
     tools = config.tools
@@ -124,6 +125,8 @@ def servers_config(config: Any) -> Any:
             from mcprl_servers.config import default_servers_config
 
             servers = ServersConfig.from_dict(default_servers_config(list(names)), source="<offline servers>")
+        case other:
+            raise ValueError(f"unknown tools source {other!r}")
     if not tools.allow_tools:
         return servers
     unknown = sorted(set(tools.allow_tools) - set(servers.servers))

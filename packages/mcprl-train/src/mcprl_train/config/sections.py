@@ -386,5 +386,3 @@ class DistributedConfig:
     num_gpus: int = attrs.field(default=1, validator=v.ge(1))
     bf16: bool = False
     device_memory_gb: float | None = attrs.field(default=None, validator=v.optional(v.gt(0.0)))
-
-

@@ -116,7 +116,7 @@ def _structure_union(value: Any, args: tuple[Any, ...], hint: Any, path: str) ->
     raise ConfigError(f"{path}: got {value!r}; expected {_describe(hint)}")
 
 
-def _structure_leaf(value: Any, hint: Any, origin: Any, path: str) -> Any:  # noqa: PLR0911
+def _structure_leaf(value: Any, hint: Any, origin: Any, path: str) -> Any:
     if hint is Any:
         return value
     if origin is Literal:
@@ -136,7 +136,9 @@ def _structure_leaf(value: Any, hint: Any, origin: Any, path: str) -> Any:  # no
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(structure(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
         if len(args) == len(value):
-            return tuple(structure(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+            return tuple(
+                structure(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True))
+            )
     if origin is dict and isinstance(value, Mapping):
         key_t, val_t = get_args(hint)
         return {structure(k, key_t, path): structure(v, val_t, f"{path}.{k}") for k, v in value.items()}
@@ -159,10 +161,10 @@ def _validated(field: attrs.Attribute[Any], value: Any, path: str) -> Any:
     if field.converter is not None and callable(field.converter):
         value = field.converter(value)
     for check in _leaf_validators(field.validator):
-        if value is None and isinstance(check, _Optional):
+        optional = getattr(check, "validator", None) if type(check).__name__ == "_OptionalValidator" else None
+        if optional is not None and value is None:
             continue
-        inner = check.validator if isinstance(check, _Optional) else check
-        for leaf in _leaf_validators(inner):
+        for leaf in _leaf_validators(optional) if optional is not None else [check]:
             try:
                 leaf(None, field, value)
             except ConfigError:
@@ -172,17 +174,15 @@ def _validated(field: attrs.Attribute[Any], value: Any, path: str) -> Any:
     return value
 
 
-_Optional = type(attrs.validators.optional(attrs.validators.ge(0)))
-_And = type(attrs.validators.and_(attrs.validators.ge(0), attrs.validators.ge(0)))
-
-
 def _leaf_validators(validator: Any) -> list[Any]:
+    """The single checks of a field's validator (attrs' ``and_`` and lists flattened)."""
     if validator is None:
         return []
-    if isinstance(validator, _And):
-        return [leaf for v in validator._validators for leaf in _leaf_validators(v)]  # noqa: SLF001
     if isinstance(validator, list | tuple):
-        return [leaf for v in validator for leaf in _leaf_validators(v)]
+        return [leaf for v in validator for leaf in _leaf_validators(v)]  # pyright: ignore[reportUnknownVariableType]
+    nested: Any = getattr(validator, "_validators", None)  # attrs.validators.and_
+    if nested is not None:
+        return [leaf for v in nested for leaf in _leaf_validators(v)]
     return [validator]
 
 

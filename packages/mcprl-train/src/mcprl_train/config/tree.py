@@ -202,7 +202,9 @@ def _fill_turns(data: Mapping[str, Any]) -> Mapping[str, Any]:
     So ``--set env.max_turns_by_difficulty.easy=3`` sets one limit (EnvConfig itself wants all three).
     """
     env = data.get("env")
-    turns = env.get("max_turns_by_difficulty") if isinstance(env, Mapping) else None
+    if not isinstance(env, Mapping):
+        return data
+    turns = env.get("max_turns_by_difficulty")  # pyright: ignore[reportUnknownMemberType]
     if not isinstance(turns, Mapping):
         return data
     filled = {**EnvConfig().max_turns_by_difficulty, **turns}

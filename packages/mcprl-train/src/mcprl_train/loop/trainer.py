@@ -131,9 +131,7 @@ class Trainer:
             val_set = build.load_task_source(cfg.tasks.validation, name="validation")
             self.val_tasks = build.first_tasks(val_set, cfg.eval.n_tasks)
         async with ToolManager(build.servers_config(cfg)) as manager:
-            self.env = Environment(
-                manager=manager, tokenizer=self.policy.tokenizer, config=cfg.env
-            )
+            self.env = Environment(manager=manager, tokenizer=self.policy.tokenizer, config=cfg.env)
             if cfg.sft.enabled:
                 self.sft = SFTStage(
                     policy=self.policy,
