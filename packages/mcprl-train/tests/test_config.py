@@ -5,7 +5,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mcprl_train.config import Config, list_profiles, parse_override
+from mcprl_train.config import (
+    Config,
+    InlineServers,
+    OfflineServers,
+    ServersFile,
+    list_profiles,
+    parse_override,
+)
 from mcprl_train.errors import ConfigError
 
 
@@ -38,7 +45,7 @@ def test_profiles_select_their_hardware_setup() -> None:
     )
     lora = Config.load(profile="single-gpu-lora")
     assert lora.quantization == "nf4"
-    assert lora.lora.enabled
+    assert lora.lora is not None
     a100 = Config.load(profile="a100x2")
     assert (a100.distributed.backend, a100.distributed.zero_stage, a100.distributed.num_gpus) == (
         "deepspeed",
@@ -46,7 +53,7 @@ def test_profiles_select_their_hardware_setup() -> None:
         2,
     )
     assert a100.distributed.bf16
-    assert not a100.lora.enabled
+    assert a100.lora is None
     assert Config.load(profile="vllm-gpu").sampler.backend == "vllm"
     assert Config.load(profile="mps").model.device == "mps"
 
@@ -64,8 +71,8 @@ def test_user_file_and_overrides_win_in_order(tmp_path: Path) -> None:
 
 def test_json_config_file_is_accepted(tmp_path: Path) -> None:
     user = tmp_path / "user.json"
-    user.write_text('{"sampler": {"temperature": 0.7}}')
-    assert Config.load(config_file=user).sampler.temperature == 0.7
+    user.write_text('{"sampling": {"temperature": 0.7}}')
+    assert Config.load(config_file=user).sampling.temperature == 0.7
 
 
 def test_override_values_are_parsed_as_yaml() -> None:
@@ -75,7 +82,7 @@ def test_override_values_are_parsed_as_yaml() -> None:
     cfg = Config.load(
         overrides=["tools.offline=[finance, calculator]", "grpo.dual_clip=3", "grpo.filter_zero_std=false"]
     )
-    assert cfg.tools.offline == ("finance", "calculator")
+    assert cfg.tools.source == OfflineServers(names=("finance", "calculator"))
     assert cfg.grpo.dual_clip == 3.0
     assert isinstance(cfg.grpo.dual_clip, float)
     assert cfg.grpo.filter_zero_std is False
@@ -88,13 +95,12 @@ def test_partial_mapping_override_keeps_other_keys() -> None:
 
 def test_choosing_a_tools_source_replaces_the_profile_source() -> None:
     cfg = Config.load(overrides=["tools.servers=servers.json"])
-    assert cfg.tools.source == "servers"
-    assert cfg.tools.offline is None
+    assert cfg.tools.source == ServersFile(path="servers.json")
     assert cfg.tools.allow_tools == {}  # the profile's allow-lists named the replaced source's servers
     own = Config.load(overrides=["tools.servers=servers.json", "tools.allow_tools={calc: [add]}"])
     assert own.tools.allow_tools == {"calc": ("add",)}
     inline = Config.load(overrides=['tools.mcp_servers={"calc": {"command": "python"}}'])
-    assert inline.tools.source == "mcp_servers"
+    assert inline.tools.source == InlineServers(servers={"calc": {"command": "python"}})
 
 
 def test_two_tools_sources_in_one_layer_are_rejected() -> None:
@@ -114,10 +120,10 @@ def test_two_tools_sources_in_one_layer_are_rejected() -> None:
         ("distributed.zero_stage=4", "distributed.zero_stage: got 4; expected one of 0, 1, 2, 3"),
         ("model.device=gpu", "model.device: expected auto, cpu, cuda, cuda:N or mps, got 'gpu'"),
         ("optim.betas=[0.9]", "optim.betas: got \\[0.9\\]; expected a list of 2 values"),
-        ("sampler.top_p=1.5", "sampler.top_p: expected a value <= 1.0, got 1.5"),
-        ("quantization=nf4", "quantization: 'nf4' needs lora.enabled=true"),
+        ("sampling.top_p=1.5", "sampling.top_p: must be in \\(0, 1\\], got 1.5"),
+        ("quantization=nf4", "quantization: 'nf4' needs LoRA adapters"),
         ("grpo.estimator=ppo", "grpo.estimator: got 'ppo'; expected one of"),
-        ("env.max_turns_by_difficulty.expert=3", "env.max_turns_by_difficulty: expected exactly the keys"),
+        ("env.max_turns_by_difficulty.expert=3", "env.max_turns_by_difficulty: needs exactly the keys"),
         ("run.name=a/b", "run.name: expected a directory name"),
         ("grpo", "expected section.key=value"),
     ],
@@ -151,3 +157,47 @@ def test_exponent_without_a_dot_is_a_number(tmp_path: Path) -> None:
     user = tmp_path / "user.yaml"
     user.write_text("optim:\n  lr: 3e-6\n")
     assert Config.load(config_file=user).optim.lr == 3e-6
+
+
+def test_library_options_are_reachable_from_set() -> None:
+    cfg = Config.load(
+        overrides=[
+            "env.reward.weights={outcome: 1.0}",
+            "env.on_template_drift=report",
+            "env.chat_template_kwargs={enable_thinking: false}",
+            "sampling.top_k=20",
+            "lora.r=8",
+        ]
+    )
+    assert cfg.env.reward.weights == {"outcome": 1.0}
+    assert cfg.env.on_template_drift == "report"
+    assert cfg.env.chat_template_kwargs == {"enable_thinking": False}
+    assert cfg.sampling.top_k == 20
+    assert cfg.lora is not None
+    assert cfg.lora.r == 8
+    assert Config.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "env.reward.wieghts={}",
+            "unknown config key 'env.reward.wieghts'; did you mean 'env.reward.weights'",
+        ),
+        ("env.reward.weights={outcom: 1.0}", "env.reward.weights: unknown reward function 'outcom'"),
+        ("env.max_total_tokens=8", "env.max_total_tokens: expected a value >= 16, got 8"),
+        (
+            "env.on_template_drift=ignore",
+            "env.on_template_drift: got 'ignore'; expected one of 'raise', 'report'",
+        ),
+        ("lora.dropout=1.0", "lora.dropout: expected a value < 1.0, got 1.0"),
+        ("sampling.seed=3", "sampling.seed: got 3; expected null"),
+        ("sampling.temperature=0", "sampling.temperature: expected a value > 0"),
+        ("grpo.aggregation=dr_grpo", "grpo.aggregation: got 'dr_grpo'; expected one of 'token-mean'"),
+        ("tools.ofline=[finance]", "unknown config key 'tools.ofline'; did you mean 'tools.offline'"),
+    ],
+)
+def test_library_validators_fail_as_config_errors_naming_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Config.load(overrides=[override])

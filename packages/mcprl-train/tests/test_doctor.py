@@ -91,7 +91,7 @@ def test_a_broken_config_names_each_failure_with_a_fix(
     train = _write_tasks(tmp_path / "train.jsonl", [{**_TASK, "servers": ["echo"]}])
     broken = tmp_path / "validation.jsonl"
     broken.write_text(json.dumps(_TASK) + "\n" + json.dumps({"id": "bad", "difficulty": "easy"}) + "\n")
-    config = _config(tmp_path, servers, train, broken).replace(["quantization=nf4", "lora.enabled=true"])
+    config = _config(tmp_path, servers, train, broken).replace(["quantization=nf4", "lora.r=16"])
     results = run_checks(config, server_timeout=30)
     failed = {r.name: r for r in results if not r.ok}
     assert "check that 'mcprl-no-such-server-binary' is installed" in failed["ghost"].fix

@@ -61,9 +61,9 @@ def _overrides(tmp: Path, tasks: Path) -> list[str]:
         # on the output head's calls (ZeRO-3 gathers its weight collectively in each).
         "optim.logits_chunk_size=16",
         "optim.scheduler=constant",  # the profile's cosine ends at lr 0 on step 2: a resumed step 3 would not move
-        "sampler.max_new_tokens_per_turn=12",
+        "env.max_new_tokens_per_turn=12",
         "env.max_turns_by_difficulty={easy: 2, medium: 2, hard: 2}",
-        "env.max_concurrent_episodes=2",
+        "collection.max_concurrent_episodes=2",
         "eval.every=1",
         "eval.n_tasks=2",
         "tracking.progress=false",

@@ -6,7 +6,6 @@ Everything that turns config values into objects of the other packages lives her
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,16 +26,8 @@ def build_policy(config: Any, *, source: str | None = None) -> Any:
         config: The run config.
         source: A saved policy directory to load instead of `config.model.name` (a checkpoint's `policy/`).
     """
-    from mcprl_policy import LoraSettings, Policy
+    from mcprl_policy import Policy
 
-    lora = None
-    if config.lora.enabled:
-        lora = LoraSettings(
-            r=config.lora.r,
-            alpha=config.lora.alpha,
-            dropout=config.lora.dropout,
-            target_modules=tuple(config.lora.target_modules) or None,
-        )
     device = config.model.device
     if device == "auto":
         import torch
@@ -47,7 +38,7 @@ def build_policy(config: Any, *, source: str | None = None) -> Any:
     policy = Policy.from_pretrained(
         source or config.model.name,
         value_head=config.model.value_head,
-        lora=lora,
+        lora=config.lora,
         quantization=config.quantization,
         dtype=config.model.dtype,
         device=device,
@@ -87,35 +78,22 @@ def build_reference(config: Any, policy: Any) -> Any:
     return ReferencePolicy.for_policy(policy)
 
 
-def sft_settings(config: Any) -> Any:
-    """`mcprl_train.loop.warm_start.SFTSettings` from `config.sft` and `config.optim.micro_batch_tokens`."""
-    from mcprl_train.loop.warm_start import SFTSettings
-
-    sft = config.sft
-    return SFTSettings(
-        lr=sft.lr,
-        batch_size=sft.batch_size,
-        total_steps=sft.steps if sft.steps is not None else 1,
-        warmup_steps=sft.warmup_steps,
-        max_grad_norm=sft.max_grad_norm,
-        micro_batch_tokens=config.optim.micro_batch_tokens,
-        layout=config.optim.layout,
-    )
-
-
 def step_seed(seed: int, step: int) -> int:
     """A per-step sampler seed: step `k` samples the same way whether or not the run was resumed."""
     return (seed * 1_000_003 + step * 7_919) % (2**31 - 1)
 
 
 def build_sampler(config: Any, policy: Any, *, greedy: bool = False, seed: int | None = None) -> Any:
-    """The rollout sampler (`config.sampler`); `greedy` gives the evaluation sampler."""
+    """The rollout sampler (`config.sampling`, `config.sampler`); `greedy` gives the evaluation sampler.
+
+    `seed` is the sampler's (derived from `run.seed` by the caller; `sampling.seed` is never set).
+    """
+    import attrs
+
     from mcprl_policy import HFSampler, SamplingParams
 
-    params = SamplingParams(
-        temperature=0.0 if greedy else config.sampler.temperature,
-        top_p=1.0 if greedy else config.sampler.top_p,
-        seed=seed,
+    params = (
+        SamplingParams(temperature=0.0, seed=seed) if greedy else attrs.evolve(config.sampling, seed=seed)
     )
     match config.sampler.backend:
         case "hf":
@@ -159,21 +137,18 @@ def servers_config(config: Any) -> Any:
     import attrs
 
     from mcprl_tools import ServersConfig
+    from mcprl_train.config import InlineServers, OfflineServers, ServersFile
 
     tools = config.tools
     match tools.source:
-        case "servers":
-            assert tools.servers is not None
-            servers = ServersConfig.load(tools.servers)
-        case "mcp_servers":
-            servers = ServersConfig.from_dict(
-                {"mcpServers": dict(tools.mcp_servers or {})}, source="<config>"
-            )
-        case "offline":
+        case ServersFile(path=path):
+            servers = ServersConfig.load(path)
+        case InlineServers(servers=inline):
+            servers = ServersConfig.from_dict({"mcpServers": dict(inline)}, source="<config>")
+        case OfflineServers(names=names):
             from mcprl_servers.config import default_servers_config
 
-            names: list[str] = list(tools.offline or ())
-            servers = ServersConfig.from_dict(default_servers_config(names), source="<offline servers>")
+            servers = ServersConfig.from_dict(default_servers_config(list(names)), source="<offline servers>")
         case other:
             raise ValueError(f"unknown tools source {other!r}")
     if not tools.allow_tools:
@@ -188,21 +163,6 @@ def servers_config(config: Any) -> Any:
         for name, server in servers.servers.items()
     }
     return attrs.evolve(servers, servers=narrowed)
-
-
-def env_config(config: Any) -> Any:
-    """`mcprl_env.EnvConfig` from `config.env`, `config.sampler` and `config.reward`."""
-    from mcprl_env import EnvConfig, RewardConfig
-
-    kwargs: dict[str, Any] = {
-        "max_turns_by_difficulty": dict(config.env.max_turns_by_difficulty),
-        "max_total_tokens": config.env.max_total_tokens,
-        "max_new_tokens_per_turn": config.sampler.max_new_tokens_per_turn,
-        "max_tool_output_tokens": config.env.max_tool_output_tokens,
-    }
-    if config.reward.weights:
-        kwargs["reward"] = RewardConfig(weights=dict(config.reward.weights))
-    return EnvConfig(**kwargs)
 
 
 def task_path(spec: str, *, name: str) -> Path:
@@ -264,7 +224,3 @@ def load_demos(config: Any) -> list[tuple[str, list[dict[str, Any]], bool]]:
 def first_tasks(tasks: Any, n: int) -> list[Any]:
     """The first `n` tasks of a set (fixed validation subset)."""
     return [tasks.task_at(i) for i in range(min(n, len(tasks)))]
-
-
-def tools_of(manager: Any, servers: Sequence[str] | None) -> list[dict[str, Any]]:
-    return list(manager.tool_schemas(list(servers) if servers is not None else None))

@@ -247,12 +247,12 @@ async def _evaluate_checkpoint(path: Path, overrides: list[str]) -> dict[str, An
         build.load_task_source(config.tasks.validation, name="validation"), config.eval.n_tasks
     )
     async with ToolManager(build.servers_config(config)) as manager:
-        env = Environment(manager=manager, tokenizer=policy.tokenizer, config=build.env_config(config))
+        env = Environment(manager=manager, tokenizer=policy.tokenizer, config=config.env)
         metrics, _ = await evaluate_tasks(
             env,
             tasks,
             sampler,
-            max_concurrent_episodes=config.env.max_concurrent_episodes,
+            max_concurrent_episodes=config.collection.max_concurrent_episodes,
             namespace=f"eval-{loaded.path.name}",
         )
     summary = {"checkpoint": str(loaded.path), "step": loaded.step, "tasks": len(tasks), **metrics}

@@ -31,7 +31,8 @@ import attrs
 import yaml
 from rich.table import Table
 
-from mcprl_train.config import Config
+from mcprl_train import build
+from mcprl_train.config import Config, InlineServers, OfflineServers, ServersFile
 
 __all__ = ["CheckResult", "render_report", "run_checks"]
 
@@ -113,8 +114,8 @@ def _installation(config: Config) -> Iterator[CheckResult]:
         needed.append(
             ("bitsandbytes", f"quantization={config.quantization}", "pip install 'mcprl-train[qlora]'")
         )
-    if config.lora.enabled:
-        needed.append(("peft", "lora.enabled", "pip install peft"))
+    if config.lora is not None:
+        needed.append(("peft", "lora", "pip install peft"))
     if config.sampler.backend == "vllm":
         needed.append(("vllm", "sampler.backend=vllm", "pip install 'mcprl-train[vllm]' (needs a CUDA GPU)"))
     if config.tracking.wandb in ("online", "offline"):
@@ -161,17 +162,16 @@ def _devices(config: Config) -> Iterator[CheckResult]:
 
 def _raw_servers(config: Config) -> tuple[dict[str, Any] | None, CheckResult | None]:
     """The ``mcpServers`` mapping before ``${VAR}`` expansion (so missing keys can be reported by name)."""
-    tools = config.tools
-    match tools.source:
-        case "mcp_servers":
-            return dict(tools.mcp_servers or {}), None
-        case "offline":
+    match config.tools.source:
+        case InlineServers(servers=inline):
+            return dict(inline), None
+        case OfflineServers(names=names):
             from mcprl_servers.config import default_servers_config
 
-            servers: Any = default_servers_config(list(tools.offline or ()))["mcpServers"]
+            servers: Any = default_servers_config(list(names))["mcpServers"]
             return dict(servers), None
-        case "servers":
-            path = Path(tools.servers or "")
+        case ServersFile(path=file):
+            path = Path(file)
             try:
                 text = path.read_text(encoding="utf-8")
                 match path.suffix.lower():
@@ -293,7 +293,7 @@ def _tasks(config: Config, configured: set[str]) -> Iterator[CheckResult]:
         specs.append(("validation", config.tasks.validation))
     for split, spec in specs:
         try:
-            path = _task_path(spec, split)
+            path = build.task_path(spec, name=split)
             count = 0
             named: set[str] = set()
             for task in iter_tasks(path):
@@ -317,15 +317,3 @@ def _tasks(config: Config, configured: set[str]) -> Iterator[CheckResult]:
         elif missing:
             fix = f"add {', '.join(missing)} to the tools config (or --set tools.offline=[...])"
         yield CheckResult(category="tasks", name=f"tasks.{split}={spec}", ok=ok, detail=detail, fix=fix)
-
-
-def _task_path(spec: str, split: str) -> Path:
-    if spec.startswith("preset:"):
-        import mcprl_tasks
-
-        train, validation = mcprl_tasks.load_preset(spec.removeprefix("preset:"))
-        return Path(validation if split == "validation" else train)
-    path = Path(spec)
-    if not path.is_file():
-        raise FileNotFoundError(f"{spec!r} does not exist")
-    return path

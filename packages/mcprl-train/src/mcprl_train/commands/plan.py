@@ -227,15 +227,20 @@ def plan_memory(config: Config, shape: ModelShape, *, device_memory: int | None 
     device = _device_kind(config.model.device)
     wbytes = _DTYPE_BYTES[config.model.dtype]
     total_params = shape.num_params
-    lora = config.lora.enabled
-    trainable = shape.lora_params(config.lora.r, config.lora.target_modules) if lora else total_params
+    lora = config.lora is not None
+    trainable = (
+        shape.lora_params(config.lora.r, config.lora.target_modules or ()) if config.lora else total_params
+    )
     rows: dict[str, int] = {}
     notes: list[str] = []
 
-    if config.quantization == "nf4":
+    if config.quantization is not None:  # nf4 and fp4 both store 4 bits + an fp32 absmax per 64
         linear = shape.num_layers * shape.layer_linear_params
         base = round(linear * NF4_BYTES_PER_PARAM) + (total_params - linear) * wbytes
-        notes.append("base model in NF4 (bitsandbytes): linear layers at 0.5 byte + fp32 absmax per 64")
+        notes.append(
+            f"base model in {config.quantization.upper()} (bitsandbytes): linear layers at 0.5 byte + fp32 "
+            "absmax per 64"
+        )
     else:
         base = total_params * wbytes
     rows["weights"] = base // n if stage == 3 else base

@@ -1,25 +1,21 @@
-"""Layers of a config: reading files, parsing ``key=value`` overrides, merging, and type-checking values.
+"""Layers of a config: reading files, parsing ``key=value`` overrides, merging them, writing plain data.
 
-The generic half of `mcprl_train.config`: nothing here knows the sections. `check_value` validates a raw
-YAML value against a field's annotation (bool/int/float/str, ``Literal``, unions with None, tuples, dicts) and
-raises a `ConfigError` naming the key path, the value and what was expected.
+Nothing here knows the sections; `mcprl_train.config.structure` turns the merged data into typed configs.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any
 
 import yaml
 
 from mcprl_train.errors import ConfigError
 
 __all__ = [
-    "check_value",
     "deep_merge",
     "parse_override",
     "plain_data",
@@ -86,73 +82,6 @@ def unknown_key_message(path: str, candidates: Sequence[str]) -> str:
         near = [c for c in candidates if c.rsplit(".", 1)[-1] == leaf][:1]
     hint = f"; did you mean {near[0]!r}?" if near else ""
     return f"unknown config key {path!r}{hint}"
-
-
-def _describe(hint: Any) -> str:
-    origin = get_origin(hint)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in get_args(hint))
-    if origin in (Union, types.UnionType):
-        return " or ".join(_describe(a) for a in get_args(hint))
-    if hint is type(None):
-        return "null"
-    if origin is tuple:
-        args = get_args(hint)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return f"a list of {_describe(args[0])} values"
-        return f"a list of {len(args)} values"
-    if origin is dict:
-        return "a mapping"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
-
-
-def check_value(value: Any, hint: Any, path: str) -> Any:
-    """Check ``value`` against the annotation ``hint``; convert lists to tuples and ints to floats."""
-    origin = get_origin(hint)
-    ok: Any = _MISSING
-    if hint is Any:
-        ok = value
-    elif origin in (Union, types.UnionType):
-        for arg in get_args(hint):
-            try:
-                return check_value(value, arg, path)
-            except ConfigError:
-                continue
-    elif origin is Literal:
-        if any(value == a and type(value) is type(a) for a in get_args(hint)):
-            ok = value
-    elif hint is type(None):
-        ok = value if value is None else _MISSING
-    elif hint is bool:
-        ok = value if isinstance(value, bool) else _MISSING
-    elif hint is int:
-        ok = value if isinstance(value, int) and not isinstance(value, bool) else _MISSING
-    elif hint is float:
-        ok = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else _MISSING
-        if isinstance(value, str):  # YAML 1.1 reads "1e-5" (no dot) as a string
-            try:
-                ok = float(value)
-            except ValueError:
-                ok = _MISSING
-    elif hint is str:
-        ok = value if isinstance(value, str) else _MISSING
-    elif origin is tuple and isinstance(value, list | tuple):
-        args = get_args(hint)
-        if len(args) == 2 and args[1] is Ellipsis:
-            ok = tuple(check_value(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
-        elif len(args) == len(value):
-            ok = tuple(
-                check_value(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True))
-            )
-    elif origin is dict and isinstance(value, Mapping):
-        key_t, val_t = get_args(hint)
-        ok = {check_value(k, key_t, path): check_value(v, val_t, f"{path}.{k}") for k, v in value.items()}
-    if ok is _MISSING:
-        raise ConfigError(f"{path}: got {value!r}; expected {_describe(hint)}")
-    return ok
-
-
-_MISSING: Any = object()
 
 
 def plain_data(value: Any) -> Any:

@@ -26,6 +26,7 @@ import torch
 
 from mcprl_env import EpisodeGroup
 from mcprl_grpo import (
+    AggregationMode,
     aggregate_loss,
     aggregation_normalizer,
     clip_metrics,
@@ -49,13 +50,6 @@ from mcprl_train.loop.samples import MicroBatch, Sample, episode_sample, micro_b
 from mcprl_train.loop.update import TorchBackend, UpdateBackend
 
 logger = structlog.get_logger()
-
-_MODES = {
-    "token_mean": "token-mean",
-    "seq_mean_token_mean": "seq-mean-token-mean",
-    "seq_mean_token_sum": "seq-mean-token-sum",
-    "dr_grpo": "seq-mean-token-sum-norm",
-}
 
 
 def split_minibatches(num_items: int, num: int, rng: random.Random) -> list[list[int]]:
@@ -125,7 +119,7 @@ class Learner:
 
     Args:
         policy: The trained policy.
-        config: The run config (reads `grpo`, `optim`, `sampler.temperature`, `env.max_total_tokens`).
+        config: The run config (reads `grpo`, `optim`, `sampling.temperature`, `env.max_total_tokens`).
         total_steps: Training steps, for the LR schedule.
         seed: Seed of the minibatch shuffling (the same on every rank).
         reference: The KL reference (needed when `grpo.kl_coef > 0`).
@@ -145,9 +139,9 @@ class Learner:
         self.policy = policy
         self.grpo = config.grpo
         self.optim_cfg = config.optim
-        self.temperature = float(config.sampler.temperature)
+        self.temperature = float(config.sampling.temperature)
         self.max_total_tokens = int(config.env.max_total_tokens)
-        self.mode: Any = _MODES[self.grpo.aggregation]
+        self.mode: AggregationMode = self.grpo.aggregation
         self.reference = reference
         if self.grpo.kl_coef > 0 and reference is None:
             raise ValueError("grpo.kl_coef > 0 needs a reference policy")
@@ -200,12 +194,11 @@ class Learner:
         gids = torch.cat([torch.full((len(g.episodes),), k) for k, g in enumerate(groups)])
         flat = zero_variance_groups(rewards, gids, valid=valid, num_groups=len(groups))
         metrics = group_metrics(rewards, gids, valid=valid, num_groups=len(groups))
-        if self.needs_values:
+        estimator = self.grpo.estimator
+        if estimator == "gae":
             adv = torch.zeros_like(rewards)  # per-token GAE later, from the old values
         else:
-            adv = group_advantages(
-                rewards, gids, estimator=self.grpo.estimator, valid=valid, num_groups=len(groups)
-            )
+            adv = group_advantages(rewards, gids, estimator=estimator, valid=valid, num_groups=len(groups))
         keep = valid & ~(flat[gids] if self.grpo.filter_zero_std else torch.zeros_like(valid))
         samples = [
             episode_sample(e, float(a))

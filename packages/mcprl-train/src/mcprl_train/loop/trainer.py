@@ -180,13 +180,12 @@ class Trainer:
             val_set = build.load_task_source(cfg.tasks.validation, name="validation")
             self.val_tasks = build.first_tasks(val_set, cfg.eval.n_tasks)
         async with ToolManager(build.servers_config(cfg)) as manager:
-            self.env = Environment(
-                manager=manager, tokenizer=self.policy.tokenizer, config=build.env_config(cfg)
-            )
+            self.env = Environment(manager=manager, tokenizer=self.policy.tokenizer, config=cfg.env)
             if cfg.sft.enabled:
                 self.sft = SFTStage(
                     policy=self.policy,
-                    settings=build.sft_settings(cfg),
+                    sft=cfg.sft,
+                    optim=cfg.optim,
                     examples=self.demo_examples(),
                     seed=cfg.run.seed,
                 )
@@ -387,7 +386,7 @@ class Trainer:
             mine,
             self.sampler,
             group_size=cfg.grpo.group_size,
-            max_concurrent_episodes=cfg.env.max_concurrent_episodes,
+            max_concurrent_episodes=cfg.collection.max_concurrent_episodes,
             max_retries=cfg.run.rollout_retries,
             namespace=f"step-{step}" if round_ == 0 else f"step-{step}.{round_}",
             on_group=lambda _group: self.progress.advance(),
@@ -419,7 +418,7 @@ class Trainer:
                 self.env,
                 mine,
                 self.eval_sampler,
-                max_concurrent_episodes=self.config.env.max_concurrent_episodes,
+                max_concurrent_episodes=self.config.collection.max_concurrent_episodes,
                 namespace=f"eval-{tag}-{self.state.sft_step}-{self.state.step}",
                 on_group=lambda _group: self.progress.advance(),
             )

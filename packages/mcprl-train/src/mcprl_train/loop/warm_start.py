@@ -17,7 +17,8 @@ import attrs
 import structlog
 import torch
 
-from mcprl_policy import Layout, Policy, policy_forward
+from mcprl_policy import Policy, policy_forward
+from mcprl_train.config import OptimConfig, SFTConfig
 from mcprl_train.loop.learner import warmup_lambda
 from mcprl_train.loop.samples import pack_indices, without_first_token
 
@@ -95,38 +96,33 @@ def _drop_spans(mask: list[int], weights: list[int]) -> list[int]:
     return out
 
 
-@attrs.frozen(kw_only=True)
-class SFTSettings:
-    """Hyperparameters of the warm start (from `config.sft` and `config.optim`)."""
-
-    lr: float
-    batch_size: int
-    total_steps: int
-    warmup_steps: int = 0
-    max_grad_norm: float = 1.0
-    micro_batch_tokens: int = 8192
-    layout: Layout = "packed"
-
-
 class SFTStage:
     """Supervised fine-tuning with its own optimizer, schedule and metrics (`sft/*`).
 
     The value head is not trained here (there is no return to regress on); only the language model's
-    trainable parameters are.
+    trainable parameters are. Hyperparameters come from ``sft`` (lr, batch size, warmup, clipping) and
+    ``optim`` (micro-batch packing and layout).
     """
 
     def __init__(
-        self, *, policy: Policy, settings: SFTSettings, examples: Sequence[SFTExample], seed: int
+        self,
+        *,
+        policy: Policy,
+        sft: SFTConfig,
+        optim: OptimConfig,
+        examples: Sequence[SFTExample],
+        seed: int,
     ) -> None:
         if not examples:
             raise ValueError("SFT needs at least one demonstration")
         self.policy = policy
-        self.config = settings
+        self.config = sft
+        self.optim = optim
         self.examples = list(examples)
         params = [p for p in policy.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=0.0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, warmup_lambda(settings.warmup_steps, max(1, settings.total_steps), "constant")
+            self.optimizer, warmup_lambda(sft.warmup_steps, 1, "constant")
         )
         self.rng = random.Random(seed)
         self.order: list[int] = []
@@ -151,14 +147,14 @@ class SFTStage:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         correct = 0.0
-        for b in pack_indices([len(e.token_ids) for e in batch], self.config.micro_batch_tokens):
+        for b in pack_indices([len(e.token_ids) for e in batch], self.optim.micro_batch_tokens):
             items = [batch[i] for i in b]
             out = policy_forward(
                 self.policy,
                 [e.token_ids for e in items],
                 temperature=1.0,
                 values=False,
-                layout=self.config.layout,
+                layout=self.optim.layout,
             )
             mask = torch.cat(
                 [without_first_token(torch.tensor(e.assistant_mask, dtype=torch.float32)) for e in items]

@@ -138,9 +138,9 @@ def deepspeed_backend(config: Config, *, source: str | None = None) -> DeepSpeed
             "(--set distributed.backend=none --set distributed.zero_stage=0 --set run.steps=0) and start "
             "GRPO from its checkpoint with --set model.name=<run>/checkpoints/<step>/policy"
         )
-    if config.lora.enabled:
+    if config.lora is not None:
         raise DistributedError(
-            "distributed.backend=deepspeed trains the full model; lora.enabled=true is not wired under "
+            "distributed.backend=deepspeed trains the full model; lora is not wired under "
             "DeepSpeed (use one process: --set distributed.backend=none --set distributed.zero_stage=0)"
         )
     if config.sampler.backend != "hf":

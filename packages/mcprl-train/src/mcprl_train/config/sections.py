@@ -1,0 +1,388 @@
+"""The app's own sections of the run config (the libraries' configs are composed as they are, see `tree`).
+
+Each class owns the keys of one concern that no library config holds: the model to load, the sampler's
+batching and backend, where the tools come from, the task files, collection, the GRPO update, the optimizer,
+the warm start, evaluation, the run, tracking and distribution.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+from attrs import validators as v
+
+from mcprl_grpo import AggregationMode, KLEstimator
+from mcprl_grpo import Estimator as GroupEstimator
+from mcprl_policy import DType
+from mcprl_train.errors import ConfigError
+
+__all__ = [
+    "CollectionConfig",
+    "DistributedConfig",
+    "Estimator",
+    "EvalConfig",
+    "GRPOConfig",
+    "InlineServers",
+    "ModelConfig",
+    "OfflineServers",
+    "OptimConfig",
+    "RunConfig",
+    "SFTConfig",
+    "SamplerConfig",
+    "ServersFile",
+    "TasksConfig",
+    "ToolSource",
+    "ToolsConfig",
+    "TrackingConfig",
+]
+
+Estimator = GroupEstimator | Literal["gae"]
+"""`mcprl_grpo.Estimator`'s group baselines, or ``gae`` (a value head and `mcprl_grpo.gae_advantages`)."""
+Scheduler = Literal["constant", "linear", "cosine"]
+WandbMode = Literal["auto", "online", "offline", "disabled"]
+DEFAULT_OFFLINE_SERVERS = ("calculator", "finance", "search", "python", "messaging")
+
+
+def _check_device(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    base, _sep, index = value.partition(":")
+    if base not in ("auto", "cpu", "cuda", "mps") or (index and not (base == "cuda" and index.isdigit())):
+        raise ValueError(f"{attribute.name}: expected auto, cpu, cuda, cuda:N or mps, got {value!r}")
+
+
+def _check_run_name(_: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+    if value is not None and (not value or "/" in value or value in (".", "..")):
+        raise ValueError(f"{attribute.name}: expected a directory name without '/', got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class ModelConfig:
+    """The policy model.
+
+    Attributes:
+        name: ``"tiny"`` (the embedded test model), a hub id (``Qwen/Qwen3-0.6B``) or a local directory.
+        dtype: Parameter dtype of the trainable model.
+        device: ``"auto"`` (cuda > mps > cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
+        gradient_checkpointing: Recompute activations in backward (less memory, ~30% more compute).
+        value_head: Attach a scalar value head (needed by the ``gae`` estimator).
+    """
+
+    name: str = attrs.field(default="tiny", validator=v.min_len(1))
+    dtype: DType = "float32"
+    device: str = attrs.field(default="cpu", validator=_check_device)
+    gradient_checkpointing: bool = False
+    value_head: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class SamplerConfig:
+    """The rollout sampler's backend and batching (what it samples is `mcprl_policy.SamplingParams`).
+
+    Attributes:
+        backend: ``hf`` generates from the live weights; ``vllm`` gets adapters/weights pushed after updates.
+        max_batch_size: Requests batched into one generate call.
+        max_wait_ms: How long the batcher waits to fill a batch.
+        prefix_cache_mb: HF backend: memory for reusing an episode's KV cache from one turn to the next (only
+            the new tokens of a turn are prefilled); 0 prefills every turn whole.
+        gpu_memory_utilization: vLLM's share of the device memory (also used by ``mcprl-train plan``).
+    """
+
+    backend: Literal["hf", "vllm"] = "hf"
+    max_batch_size: int = attrs.field(default=64, validator=v.ge(1))
+    max_wait_ms: float = attrs.field(default=5.0, validator=v.ge(0.0))
+    prefix_cache_mb: float = attrs.field(default=1024.0, validator=v.ge(0.0))
+    gpu_memory_utilization: float = attrs.field(default=0.3, validator=[v.gt(0.0), v.le(0.95)])
+
+
+@attrs.frozen(kw_only=True)
+class ServersFile:
+    """An ``{"mcpServers": {...}}`` file (JSON/YAML/TOML; `mcprl_tools.ServersConfig.load`): ``tools.servers``."""
+
+    path: str = attrs.field(validator=v.min_len(1))
+
+
+@attrs.frozen(kw_only=True)
+class InlineServers:
+    """The ``mcpServers`` mapping inline (name → ``{"command", "args", "env", ...}``): ``tools.mcp_servers``.
+
+    ``${VAR}`` in values refers to environment variables.
+    """
+
+    servers: dict[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class OfflineServers:
+    """Bundled offline servers by name (`mcprl_servers.config.default_servers_config`): ``tools.offline``."""
+
+    names: tuple[str, ...] = DEFAULT_OFFLINE_SERVERS
+
+
+ToolSource = ServersFile | InlineServers | OfflineServers
+"""Where the MCP servers come from; in the config tree, the key that is set says which."""
+
+_SOURCE_KEYS: dict[str, tuple[type[ToolSource], str, Any]] = {
+    "servers": (ServersFile, "path", str),
+    "mcp_servers": (InlineServers, "servers", dict[str, Any]),
+    "offline": (OfflineServers, "names", tuple[str, ...]),
+}
+
+
+@attrs.frozen(kw_only=True)
+class ToolsConfig:
+    """Which MCP servers the episodes talk to: exactly one source, and optional allow-lists.
+
+    In the config tree the source is one of the keys ``servers`` (a file), ``mcp_servers`` (inline) or
+    ``offline`` (bundled names); none given means every bundled offline server.
+
+    Attributes:
+        source: The tagged source.
+        allow_tools: Per-server allow-lists applied on top of any source (server → exposed tool names; servers
+            not named expose every tool). Fewer tools make shorter prompts for small models.
+    """
+
+    source: ToolSource = attrs.field(factory=OfflineServers)
+    allow_tools: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+
+    @classmethod
+    def from_data(cls, data: Any, path: str) -> ToolsConfig:
+        """Read the tree's shape (``servers`` / ``mcp_servers`` / ``offline``, ``allow_tools``).
+
+        Raises:
+            ConfigError: an unknown key, a wrong value, or more than one source.
+        """
+        from mcprl_train.config.layers import unknown_key_message
+        from mcprl_train.config.structure import structure
+
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping of keys, got {data!r}")
+        keys = [*_SOURCE_KEYS, "allow_tools"]
+        for key in data:
+            if key not in keys:
+                raise ConfigError(unknown_key_message(f"{path}.{key}", [f"{path}.{k}" for k in keys]))
+        given = [k for k in _SOURCE_KEYS if data.get(k) is not None]
+        if len(given) > 1:
+            raise ConfigError(
+                f"{path}.servers/mcp_servers/offline: expected one tools source, got {given} "
+                "(set the others to null)"
+            )
+        source: ToolSource = OfflineServers()
+        if given:
+            kind, field, hint = _SOURCE_KEYS[given[0]]
+            source = kind(**{field: structure(data[given[0]], hint, f"{path}.{given[0]}")})
+        allow = structure(data.get("allow_tools") or {}, dict[str, tuple[str, ...]], f"{path}.allow_tools")
+        return cls(source=source, allow_tools=allow)
+
+    def to_data(self) -> dict[str, Any]:
+        """The tree's shape of this section (what `from_data` reads)."""
+        match self.source:
+            case ServersFile(path=path):
+                data: dict[str, Any] = {"servers": path}
+            case InlineServers(servers=servers):
+                data = {"mcp_servers": dict(servers)}
+            case OfflineServers(names=names):
+                data = {"offline": list(names)}
+        return {**data, "allow_tools": {k: list(t) for k, t in self.allow_tools.items()}}
+
+
+@attrs.frozen(kw_only=True)
+class TasksConfig:
+    """Task data (JSON array or JSON lines, see docs/INTERFACES.md).
+
+    Attributes:
+        train: Path of the training tasks, or ``preset:<name>`` for a bundled `mcprl_tasks` set.
+        validation: Path of the validation tasks, or ``preset:<name>`` for that preset's validation split;
+            None disables evaluation.
+        shuffle_buffer: Size of the streaming shuffle buffer (1 = file order).
+    """
+
+    train: str = attrs.field(default="preset:default", validator=v.min_len(1))
+    validation: str | None = "preset:default"
+    shuffle_buffer: int = attrs.field(default=1024, validator=v.ge(1))
+
+
+@attrs.frozen(kw_only=True)
+class CollectionConfig:
+    """Collection of episode groups.
+
+    Attributes:
+        max_concurrent_episodes: Episodes in flight during collection (and evaluation).
+    """
+
+    max_concurrent_episodes: int = attrs.field(default=64, validator=v.ge(1))
+
+
+@attrs.frozen(kw_only=True)
+class GRPOConfig:
+    """Advantages and the policy loss (math in mcprl-grpo).
+
+    Attributes:
+        group_size: Episodes per task (G).
+        tasks_per_step: Task groups collected per training step.
+        estimator: Advantage estimator.
+        clip_eps_low: PPO clip ε below 1 (Schulman et al. 2017).
+        clip_eps_high: Clip ε above 1 (DAPO's clip-higher; equal to ``clip_eps_low`` = symmetric).
+        dual_clip: Dual-clip bound c for negative advantages (Ye et al. 2020); None disables it.
+        kl_coef: KL coefficient β against the reference policy.
+        kl_estimator: k1/k2/k3 (Schulman 2020, "Approximating KL divergence").
+        kl_in_reward: Subtract β·KL from the reward instead of adding it to the loss.
+        value_coef: Weight of the (clipped) value loss (``gae`` only).
+        gamma: Discount γ (GAE).
+        lam: GAE λ.
+        entropy_coef: Entropy bonus weight.
+        aggregation: How per-token losses are reduced (`mcprl_grpo.aggregate_loss`;
+            ``seq-mean-token-sum-norm`` is Dr.GRPO's constant normaliser).
+        ppo_epochs: Passes over each rollout batch.
+        minibatches: Optimizer steps per epoch.
+        filter_zero_std: Drop groups whose rewards are all equal and back-fill with fresh groups.
+        backfill_rounds: Extra collection rounds per step that replace filtered groups (0 = no back-fill).
+        old_logprobs: ``sampler``: the sampler's logprobs are the old policy's (one update per batch);
+            ``recompute``: a no-grad trainer forward before the update (forced when ppo_epochs × minibatches > 1
+            or with ``gae``, so the ratio health check compares like with like).
+        value_clip: Clip range of the value loss around the old values (``gae``).
+    """
+
+    group_size: int = attrs.field(default=8, validator=v.ge(2))
+    tasks_per_step: int = attrs.field(default=8, validator=v.ge(1))
+    estimator: Estimator = "grpo"
+    clip_eps_low: float = attrs.field(default=0.2, validator=[v.gt(0.0), v.le(1.0)])
+    clip_eps_high: float = attrs.field(default=0.2, validator=v.gt(0.0))
+    dual_clip: float | None = attrs.field(default=None, validator=v.optional(v.gt(1.0)))
+    kl_coef: float = attrs.field(default=0.01, validator=v.ge(0.0))
+    kl_estimator: KLEstimator = "k3"
+    kl_in_reward: bool = False
+    value_coef: float = attrs.field(default=0.5, validator=v.ge(0.0))
+    gamma: float = attrs.field(default=0.99, validator=[v.ge(0.0), v.le(1.0)])
+    lam: float = attrs.field(default=0.95, validator=[v.ge(0.0), v.le(1.0)])
+    entropy_coef: float = attrs.field(default=0.0, validator=v.ge(0.0))
+    aggregation: AggregationMode = "token-mean"
+    ppo_epochs: int = attrs.field(default=1, validator=v.ge(1))
+    minibatches: int = attrs.field(default=2, validator=v.ge(1))
+    filter_zero_std: bool = True
+    backfill_rounds: int = attrs.field(default=1, validator=v.ge(0))
+    old_logprobs: Literal["sampler", "recompute"] = "sampler"
+    value_clip: float = attrs.field(default=0.2, validator=v.gt(0.0))
+
+
+@attrs.frozen(kw_only=True)
+class OptimConfig:
+    """AdamW, its schedule and gradient handling.
+
+    ``micro_batch_tokens`` bounds one forward/backward (gradient accumulation over micro-batches);
+    ``layout`` is ``packed`` (one row, block-diagonal mask: GPUs with varlen attention) or ``padded``
+    (length-sorted right-padded rows: cheaper on CPU, see `mcprl_train.forward`); ``logits_chunk_size`` is
+    how many token rows get their vocabulary logits at once (peak logits memory ∝ rows × vocabulary).
+    """
+
+    lr: float = attrs.field(default=5e-6, validator=v.gt(0.0))
+    warmup_steps: int = attrs.field(default=10, validator=v.ge(0))
+    weight_decay: float = attrs.field(default=0.0, validator=v.ge(0.0))
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = attrs.field(default=1e-8, validator=v.gt(0.0))
+    grad_accum: int = attrs.field(default=1, validator=v.ge(1))
+    max_grad_norm: float = attrs.field(default=1.0, validator=v.gt(0.0))
+    scheduler: Scheduler = "constant"
+    micro_batch_tokens: int = attrs.field(default=8192, validator=v.ge(16))
+    layout: Literal["packed", "padded"] = "packed"
+    logits_chunk_size: int = attrs.field(default=1024, validator=v.ge(1))
+
+
+@attrs.frozen(kw_only=True)
+class SFTConfig:
+    """Optional supervised warm-up on scripted demonstrations before RL.
+
+    ``warmup_steps`` ramps the learning rate linearly; ``max_grad_norm`` clips the gradient (SFT has its own
+    optimizer; packing uses ``optim.micro_batch_tokens``). ``teacher_noise`` is the fraction of demonstrations
+    written by the imperfect teacher (`mcprl_tasks.imperfect_teacher`; the rest are ideal); ``teacher_typos`` is
+    that teacher's chance per ticker lookup (at most once per demonstration) to mistype the ticker, read the
+    server's error and retry with the right one (its ``p_typo``). ``eval_every``
+    validates every N SFT steps (0: only after the stage); ``max_time_s`` ends the stage after that many
+    seconds (the continued-SFT baseline of the demo uses it to match GRPO's wall-clock).
+    """
+
+    enabled: bool = False
+    epochs: int = attrs.field(default=1, validator=v.ge(1))
+    steps: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
+    lr: float = attrs.field(default=1e-4, validator=v.gt(0.0))
+    batch_size: int = attrs.field(default=8, validator=v.ge(1))
+    demos: int = attrs.field(default=64, validator=v.ge(1))
+    teacher_noise: float = attrs.field(default=0.0, validator=[v.ge(0.0), v.le(1.0)])
+    teacher_typos: float = attrs.field(default=0.0, validator=[v.ge(0.0), v.le(1.0)])
+    warmup_steps: int = attrs.field(default=0, validator=v.ge(0))
+    max_grad_norm: float = attrs.field(default=1.0, validator=v.gt(0.0))
+    eval_every: int = attrs.field(default=0, validator=v.ge(0))
+    max_time_s: float | None = attrs.field(default=None, validator=v.optional(v.gt(0.0)))
+
+
+@attrs.frozen(kw_only=True)
+class EvalConfig:
+    """Evaluation on the validation tasks every ``every`` steps (0 disables periodic evaluation)."""
+
+    every: int = attrs.field(default=10, validator=v.ge(0))
+    n_tasks: int = attrs.field(default=32, validator=v.ge(1))
+    greedy: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class RunConfig:
+    """The run: where it writes, how long it runs, when it checkpoints.
+
+    Attributes:
+        name: Run directory name under ``output_dir`` (None: a timestamped name).
+        output_dir: Parent of run directories.
+        seed: Seed of python/torch RNGs, task shuffling and sampling.
+        steps: Training steps (one step = collect ``tasks_per_step`` groups + learn).
+        max_invalid_rate: Abort when more than this fraction of a step's episodes are invalid (infra faults).
+        ref_sync_every: Copy the policy into the reference every N steps (full fine-tune; 0 = never).
+        checkpoint_every: Steps between checkpoints (0 = only at the end).
+        keep_checkpoints: Number of checkpoints kept (oldest removed first).
+        rollout_retries: Re-runs of a group that lost most episodes to infrastructure faults.
+    """
+
+    name: str | None = attrs.field(default=None, validator=_check_run_name)
+    output_dir: str = "outputs"
+    seed: int = 0
+    steps: int = attrs.field(default=100, validator=v.ge(0))
+    max_invalid_rate: float = attrs.field(default=0.2, validator=[v.ge(0.0), v.le(1.0)])
+    ref_sync_every: int = attrs.field(default=100, validator=v.ge(0))
+    checkpoint_every: int = attrs.field(default=10, validator=v.ge(0))
+    keep_checkpoints: int = attrs.field(default=3, validator=v.ge(1))
+    rollout_retries: int = attrs.field(default=1, validator=v.ge(0))
+
+
+@attrs.frozen(kw_only=True)
+class TrackingConfig:
+    """Logging and experiment tracking.
+
+    Attributes:
+        wandb: ``auto`` = online with ``WANDB_API_KEY`` set, offline without; or a fixed mode.
+        project: wandb/weave project name.
+        weave: Trace episodes with weave (needs ``WANDB_API_KEY``; ``WEAVE_DISABLED=true`` turns it off).
+        log_level: structlog level of the console/JSON log.
+        progress: Rich progress bars for collection and updates (only on a TTY).
+    """
+
+    wandb: WandbMode = "auto"
+    project: str = "mcprl"
+    weave: bool = False
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    progress: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class DistributedConfig:
+    """Multi-process training with DeepSpeed (extra ``deepspeed``).
+
+    Attributes:
+        backend: ``none`` (one process) or ``deepspeed``.
+        zero_stage: ZeRO stage (1: optimizer states, 2: + gradients, 3: + parameters partitioned).
+        num_gpus: Processes/devices per node.
+        bf16: DeepSpeed bf16 mixed precision (fp32 master weights and optimizer states).
+        device_memory_gb: Memory per device assumed by ``mcprl-train plan`` (None: detect the local device).
+    """
+
+    backend: Literal["none", "deepspeed"] = "none"
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    num_gpus: int = attrs.field(default=1, validator=v.ge(1))
+    bf16: bool = False
+    device_memory_gb: float | None = attrs.field(default=None, validator=v.optional(v.gt(0.0)))
