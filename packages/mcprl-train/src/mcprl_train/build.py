@@ -78,11 +78,6 @@ def build_reference(config: Any, policy: Any) -> Any:
     return ReferencePolicy.for_policy(policy)
 
 
-def step_seed(seed: int, step: int) -> int:
-    """A per-step sampler seed: step `k` samples the same way whether or not the run was resumed."""
-    return (seed * 1_000_003 + step * 7_919) % (2**31 - 1)
-
-
 def build_sampler(config: Any, policy: Any, *, greedy: bool = False, seed: int | None = None) -> Any:
     """The rollout sampler (`config.sampling`, `config.sampler`); `greedy` gives the evaluation sampler.
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from mcprl_env import Environment, EpisodeGroup, Sampler, Task, aggregate_metrics
+from mcprl_train import collectives
 from mcprl_train.errors import InvalidRateError
 
 logger = structlog.get_logger()
@@ -69,6 +70,35 @@ async def collect_groups(
         for i, g in zip(bad, again, strict=True):
             groups[i] = g
     return groups
+
+
+async def collect_share(
+    env: Environment,
+    tasks: Sequence[Task],
+    sampler: Sampler,
+    *,
+    group_size: int,
+    max_concurrent_episodes: int,
+    max_retries: int,
+    namespace: str,
+    on_group: Callable[[EpisodeGroup], None] | None = None,
+) -> tuple[list[EpisodeGroup], list[EpisodeGroup]]:
+    """`collect_groups` on this rank's share of ``tasks``; ``(this rank's groups, every rank's)`` (collective).
+
+    Every rank takes the same tasks; a task's group never spans ranks, so its advantages need no
+    communication. In one process both lists are the same groups.
+    """
+    mine = await collect_groups(
+        env,
+        collectives.shard(tasks, collectives.rank(), collectives.world_size()),
+        sampler,
+        group_size=group_size,
+        max_concurrent_episodes=max_concurrent_episodes,
+        max_retries=max_retries,
+        namespace=namespace,
+        on_group=on_group,
+    )
+    return mine, [g for part in collectives.all_gather_objects(mine) for g in part]
 
 
 def check_invalid_rate(groups: Sequence[EpisodeGroup], max_invalid_rate: float) -> float:

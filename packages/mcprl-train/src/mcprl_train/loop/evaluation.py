@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from mcprl_env import Environment, EpisodeGroup, Sampler, Task
+from mcprl_train import collectives
 from mcprl_train.loop.collection import collect_groups, rollout_metrics
 
 logger = structlog.get_logger()
@@ -35,16 +36,20 @@ async def evaluate_tasks(
     namespace: str | None = None,
     on_group: Callable[[EpisodeGroup], None] | None = None,
 ) -> tuple[dict[str, float], list[EpisodeGroup]]:
-    """Run one episode per task and summarise.
+    """Run one episode per task and summarise; in a data-parallel run each rank runs its share (collective).
+
+    No ZeRO collective is needed while generating: the sampler reads a full copy of the weights on each rank.
 
     Returns:
-        `(metrics, groups)`: metrics keyed `<prefix>/...` (`success_rate`, `reward_mean`, `turns_mean`,
-        `tools/error_rate`, `family/<name>/success_rate`, `time_s`), and the episode groups (for logging).
+        `(metrics, groups)`: metrics over every rank's groups, keyed `<prefix>/...` (`success_rate`,
+        `reward_mean`, `turns_mean`, `tools/error_rate`, `family/<name>/success_rate`, `time_s`), and every
+        rank's episode groups (for logging).
     """
     t0 = time.perf_counter()
+    mine = collectives.shard(tasks, collectives.rank(), collectives.world_size())
     groups = await collect_groups(
         env,
-        tasks,
+        mine,
         sampler,
         group_size=1,
         max_concurrent_episodes=max_concurrent_episodes,
@@ -52,7 +57,11 @@ async def evaluate_tasks(
         namespace=namespace,
         on_group=on_group,
     )
-    return evaluation_metrics(tasks, groups, prefix=prefix, elapsed_s=time.perf_counter() - t0), groups
+    parts = collectives.all_gather_objects((mine, groups))
+    every_task = [t for part_tasks, _ in parts for t in part_tasks]
+    every_group = [g for _, part_groups in parts for g in part_groups]
+    elapsed = time.perf_counter() - t0
+    return evaluation_metrics(every_task, every_group, prefix=prefix, elapsed_s=elapsed), every_group
 
 
 def evaluation_metrics(
@@ -61,7 +70,6 @@ def evaluation_metrics(
     """Metrics of evaluated groups (one per task, aligned with `tasks`): `rollout_metrics` re-rooted under
     `prefix`, success per task family, and `<prefix>/time_s`.
 
-    A data-parallel run gathers every rank's `(tasks, groups)` and calls this once on the concatenation.
     """
     metrics = rollout_metrics(groups, prefix=prefix)
     by_family: dict[str, list[float]] = defaultdict(list)

@@ -110,6 +110,17 @@ def check_ratio_health(
     )
 
 
+def mean_over_ranks(learned: dict[str, float]) -> dict[str, float]:
+    """An update's metrics averaged over the data-parallel ranks (maxima and totals where those are meant)."""
+    metrics = collectives.mean_metrics(
+        learned,
+        maxed=("ratio/max_abs_dev",),
+        summed=("perf/train_tokens", "perf/micro_batches", "perf/filler_sequences"),
+    )
+    metrics["perf/world_size"] = float(collectives.world_size())
+    return metrics
+
+
 def _padded(parts: Sequence[torch.Tensor], fill: float | bool) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(list(parts), batch_first=True, padding_value=fill)
 

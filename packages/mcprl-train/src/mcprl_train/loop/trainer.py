@@ -9,94 +9,43 @@ from `mcprl_train.collectives` (rank 0 of 1 without a process group). Every rank
 collects its share of each step's task groups (`collectives.shard`) against its own MCP servers and
 all-gathers the groups, so the invalid-episode check, the zero-variance back-fill decision and the logged
 metrics are the same everywhere; each rank learns on its own groups. Evaluation is sharded the same way.
-Where the update runs (this process, a DeepSpeed engine) is the learner's `UpdateBackend`
-(`mcprl_train.build.build_backend`). Rank 0 alone writes the run directory; a checkpoint is collective.
+Where the update runs is the learner's `UpdateBackend`: this process (`mcprl_train.build.torch_backend`) or a
+DeepSpeed engine on each launched rank (`mcprl_train.parallel.ds_backend`). Rank 0 alone writes to the run
+directory and the other sinks; a checkpoint is collective.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import anyio
-import attrs
 import structlog
-import torch
 
 from mcprl_env import Environment, EpisodeGroup, Task
 from mcprl_policy import Policy, PolicySampler
 from mcprl_train import build, collectives
 from mcprl_train.config import Config
-from mcprl_train.loop.collection import check_invalid_rate, collect_groups, rollout_metrics
-from mcprl_train.loop.evaluation import evaluate_tasks, evaluation_metrics
-from mcprl_train.loop.learner import Learner
-from mcprl_train.loop.task_stream import StreamPosition, TaskStream
+from mcprl_train.loop.collection import check_invalid_rate, collect_share, rollout_metrics
+from mcprl_train.loop.evaluation import evaluate_tasks
+from mcprl_train.loop.learner import Learner, mean_over_ranks
+from mcprl_train.loop.state import TrainState, sampler_seed, seed_everything
+from mcprl_train.loop.summary import run_summary
+from mcprl_train.loop.task_stream import TaskStream
 from mcprl_train.loop.update import UpdateBackend
-from mcprl_train.loop.warm_start import SFTExample, SFTStage, render_example
+from mcprl_train.loop.warm_start import SFTStage, render_demonstrations
 from mcprl_train.run.checkpoint import Checkpoint
 from mcprl_train.run.progress import RunProgress
+from mcprl_train.run.ranks import write_rank_record
 from mcprl_train.run.run_dir import RunDir
 from mcprl_train.run.sinks import ConsoleSink, MetricKind, MetricsSink, SinkGroup
 
 logger = structlog.get_logger()
 
-Stage = Literal["sft", "grpo", "done"]
 Hook = Callable[[str, "Trainer"], None]
 BackendFactory = Callable[[str | None], UpdateBackend]
 """Builds the trained policy where its update runs, from a saved policy directory (None: ``model.name``)."""
-
-
-@attrs.define
-class TrainState:
-    """What a checkpoint must restore besides weights and optimizer states."""
-
-    stage: Stage = "sft"
-    step: int = 0
-    sft_step: int = 0
-    position: StreamPosition = attrs.field(factory=StreamPosition)
-    elapsed_s: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "step": self.step,
-            "sft_step": self.sft_step,
-            "position": self.position.to_dict(),
-            "elapsed_s": self.elapsed_s,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainState:
-        return cls(
-            stage=data["stage"],
-            step=int(data["step"]),
-            sft_step=int(data["sft_step"]),
-            position=StreamPosition.from_dict(data["position"]),
-            elapsed_s=float(data.get("elapsed_s", 0.0)),
-        )
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def weights_digest(model: torch.nn.Module) -> str:
-    """sha256 over a model's parameters in name order (equal across ranks iff the weights are)."""
-    digest = hashlib.sha256()
-    for name, param in sorted(model.named_parameters()):
-        digest.update(name.encode())
-        digest.update(param.detach().float().cpu().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def sampler_seed(seed: int, step: int, rank: int) -> int:
-    """Rank ``rank``'s sampler seed at GRPO step ``step``: ranks sample differently, a resumed step alike."""
-    return (build.step_seed(seed, step) + 7_919 * rank) % (2**31 - 1)
 
 
 class Trainer:
@@ -182,12 +131,14 @@ class Trainer:
         async with ToolManager(build.servers_config(cfg)) as manager:
             self.env = Environment(manager=manager, tokenizer=self.policy.tokenizer, config=cfg.env)
             if cfg.sft.enabled:
+                demos = build.load_demos(cfg)
+                self.teacher_success = sum(ok for _, _, ok in demos) / max(1, len(demos))
+                logger.info(
+                    "demonstrations", demos=len(demos), teacher_success=round(self.teacher_success, 3)
+                )
+                examples = render_demonstrations(self.policy.tokenizer, demos, train_set, self.env)
                 self.sft = SFTStage(
-                    policy=self.policy,
-                    sft=cfg.sft,
-                    optim=cfg.optim,
-                    examples=self.demo_examples(),
-                    seed=cfg.run.seed,
+                    policy=self.policy, sft=cfg.sft, optim=cfg.optim, examples=examples, seed=cfg.run.seed
                 )
             if self.is_writer:
                 console = ConsoleSink(cfg, sft_steps=self.sft_total_steps() if self.sft else None)
@@ -326,7 +277,7 @@ class Trainer:
         metrics["adv/backfill_rounds"] = float(rounds)
         t1 = time.perf_counter()
         self.progress.work_done()
-        metrics.update(self.update_metrics(self.learner.update(samples)))
+        metrics.update(mean_over_ranks(self.learner.update(samples)))
         self.sync_sampler()
         if cfg.run.ref_sync_every and step % cfg.run.ref_sync_every == 0:
             self.learner.sync_reference()
@@ -360,16 +311,6 @@ class Trainer:
                 seed=sampler_seed(self.config.run.seed, step, self.rank),
             )
 
-    def update_metrics(self, learned: dict[str, float]) -> dict[str, float]:
-        """This rank's update metrics averaged over the ranks (maxima and totals where those are meant)."""
-        metrics = collectives.mean_metrics(
-            learned,
-            maxed=("ratio/max_abs_dev",),
-            summed=("perf/train_tokens", "perf/micro_batches", "perf/filler_sequences"),
-        )
-        metrics["perf/world_size"] = float(self.world)
-        return metrics
-
     async def collect(
         self, tasks: list[Task], step: int, *, round_: int
     ) -> tuple[list[EpisodeGroup], list[EpisodeGroup]]:
@@ -377,13 +318,11 @@ class Trainer:
         assert self.env is not None
         assert self.sampler is not None
         cfg = self.config
-        mine = collectives.shard(tasks, self.rank, self.world)
-        self.progress.work(
-            f"collect step {step}" + (f" (back-fill {round_})" if round_ else ""), total=len(mine)
-        )
-        groups = await collect_groups(
+        label = f"collect step {step}" + (f" (back-fill {round_})" if round_ else "")
+        self.progress.work(label, total=-(-len(tasks) // self.world))
+        return await collect_share(
             self.env,
-            mine,
+            tasks,
             self.sampler,
             group_size=cfg.grpo.group_size,
             max_concurrent_episodes=cfg.collection.max_concurrent_episodes,
@@ -391,8 +330,6 @@ class Trainer:
             namespace=f"step-{step}" if round_ == 0 else f"step-{step}.{round_}",
             on_group=lambda _group: self.progress.advance(),
         )
-        everyone = [g for part in collectives.all_gather_objects(groups) for g in part]
-        return groups, everyone
 
     def sync_sampler(self) -> None:
         """Publish the trained weights to the sampling policy and the samplers."""
@@ -408,15 +345,13 @@ class Trainer:
             return {}
         assert self.env is not None
         assert self.eval_sampler is not None
-        t0 = time.perf_counter()
         self.sync_sampler()  # evaluations inside the warm start run between optimizer steps
-        mine = collectives.shard(self.val_tasks, self.rank, self.world)
         self.policy.eval()
-        self.progress.work(f"validate ({tag})", total=len(mine))
+        self.progress.work(f"validate ({tag})", total=-(-len(self.val_tasks) // self.world))
         try:
-            _, groups = await evaluate_tasks(
+            metrics, _ = await evaluate_tasks(
                 self.env,
-                mine,
+                self.val_tasks,
                 self.eval_sampler,
                 max_concurrent_episodes=self.config.collection.max_concurrent_episodes,
                 namespace=f"eval-{tag}-{self.state.sft_step}-{self.state.step}",
@@ -425,35 +360,12 @@ class Trainer:
         finally:
             self.policy.train()
             self.progress.work_done()
-        parts = collectives.all_gather_objects((mine, groups))
-        tasks = [t for part_tasks, _ in parts for t in part_tasks]
-        every_group = [g for _, part_groups in parts for g in part_groups]
-        metrics = evaluation_metrics(tasks, every_group, elapsed_s=time.perf_counter() - t0)
         metrics["time/elapsed_s"] = self.elapsed()
         self.log_metrics("eval", self.state.step, metrics, tag=tag)
         return metrics
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.clock
-
-    # -- demonstrations ----------------------------------------------------------------------------------
-
-    def demo_examples(self) -> list[SFTExample]:
-        """Render the warm-start demonstrations with the tool schemas the environment shows for each task."""
-        assert self.stream is not None
-        assert self.env is not None
-        tasks = self.stream.tasks
-        by_id = {tasks.task_at(i).id: i for i in range(len(tasks))}
-        demos = build.load_demos(self.config)
-        self.teacher_success = sum(ok for _, _, ok in demos) / max(1, len(demos))
-        logger.info("demonstrations", demos=len(demos), teacher_success=round(self.teacher_success, 3))
-        out = []
-        for task_id, messages, _ in demos:
-            task = tasks.task_at(by_id[task_id])
-            out.append(
-                render_example(self.policy.tokenizer, messages, list(self.env.tool_access(task).schemas))
-            )
-        return out
 
     # -- records -----------------------------------------------------------------------------------------
 
@@ -508,7 +420,7 @@ class Trainer:
                 self.run_dir.rewind(-1)
             return
         self.backend.load_partitions(loaded.path)
-        self.state = self.restored_state(loaded)
+        self.state = TrainState.resumed(loaded.meta["state"], grpo_steps=self.config.run.steps)
         self.learner.load_state_dict(loaded.state("learner"))
         if self.sft is not None and loaded.has_state("sft"):
             self.sft.load_state_dict(loaded.state("sft"))
@@ -520,74 +432,25 @@ class Trainer:
         self.restored_from = str(loaded.path)
         logger.info("resumed", checkpoint=loaded.path.name, stage=self.state.stage, step=self.state.step)
 
-    def restored_state(self, loaded: Checkpoint) -> TrainState:
-        """The checkpoint's `TrainState`; a finished run resumed with a larger `run.steps` continues GRPO."""
-        state = TrainState.from_dict(loaded.meta["state"])
-        if state.stage == "done" and state.step < self.config.run.steps:
-            state.stage = "grpo"
-        return state
-
-    # -- the end -----------------------------------------------------------------------------------------
-
-    def evals(self) -> list[dict[str, Any]]:
-        return [r for r in self.history if r["kind"] == "eval"]
-
     def finish(self) -> dict[str, Any]:
-        """Hand the run's summary (see `summary`) to the sinks (`summary.json`, the console) and return it.
+        """Hand the run's summary to the sinks (`summary.json`, the console) and return it.
 
         In a data-parallel run every rank also writes ``ranks/rank-<r>.json`` with a digest of the weights it
         samples from: equal digests show every rank finished with the same weights.
         """
-        summary = self.summary()
+        summary = run_summary(
+            self.history,
+            run_dir=self.run_dir.path,
+            state=self.state,
+            grpo_steps=self.config.run.steps,
+            elapsed_s=self.elapsed(),
+            val_tasks=len(self.val_tasks),
+            teacher_success=self.teacher_success,
+            resumed_from=self.restored_from,
+        )
         self.sinks.write_summary(summary)
         if self.world > 1:
-            self.write_rank_record()
-        return summary
-
-    def write_rank_record(self) -> None:
-        assert self.backend is not None
-        policy = self.backend.sampling_policy
-        ranks = self.run_dir.path / "ranks"
-        ranks.mkdir(exist_ok=True)
-        record = {
-            "rank": self.rank,
-            "world_size": self.world,
-            "step": self.state.step,
-            "digest": weights_digest(policy.model),
-            "device": str(policy.device),
-            "torch": torch.__version__,
-        }
-        (ranks / f"rank-{self.rank}.json").write_text(json.dumps(record, indent=2) + "\n")
-        collectives.barrier()
-
-    def summary(self) -> dict[str, Any]:
-        """The run's summary: validation before/after each stage, timing, where things are."""
-        evals = {r.get("tag"): r for r in self.evals()}
-        tags = ("periodic", "final") if self.config.run.steps > 0 else ("sft", "warm_start")
-        last_evals = [r for r in self.evals() if r.get("tag") in tags]
-
-        def val(tag: str, key: str) -> float | None:
-            r = evals.get(tag)
-            return None if r is None or key not in r else float(r[key])
-
-        summary: dict[str, Any] = {
-            "run_dir": str(self.run_dir.path),
-            "steps": self.state.step,
-            "sft_steps": self.state.sft_step,
-            "elapsed_s": round(self.elapsed(), 1),
-            "val_tasks": len(self.val_tasks),
-            "success_init": val("init", "val/success_rate"),
-            "success_warm_start": val("warm_start", "val/success_rate"),
-            "success_final": val("final", "val/success_rate"),
-            "teacher_success_demos": self.teacher_success,
-            "reward_init": val("init", "val/reward_mean"),
-            "reward_warm_start": val("warm_start", "val/reward_mean"),
-            "reward_final": val("final", "val/reward_mean"),
-            "success_last3_mean": (
-                sum(r["val/success_rate"] for r in last_evals[-3:]) / len(last_evals[-3:])
-                if last_evals
-                else None
-            ),
-            "resumed_from": self.restored_from,
-        }
+            assert self.backend is not None
+            write_rank_record(self.run_dir, self.backend.sampling_policy, step=self.state.step)
+            collectives.barrier()
         return summary

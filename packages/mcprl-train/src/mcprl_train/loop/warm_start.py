@@ -17,10 +17,12 @@ import attrs
 import structlog
 import torch
 
+from mcprl_env import Environment
 from mcprl_policy import Policy, policy_forward
 from mcprl_train.config import OptimConfig, SFTConfig
 from mcprl_train.loop.learner import warmup_lambda
 from mcprl_train.loop.samples import pack_indices, without_first_token
+from mcprl_train.loop.task_stream import IndexedTasks
 
 logger = structlog.get_logger()
 
@@ -67,6 +69,22 @@ def render_example(
     if not any(mask):
         raise ValueError("demonstration has no assistant tokens (or every assistant message has weight 0)")
     return SFTExample(token_ids=ids, assistant_mask=mask)
+
+
+def render_demonstrations(
+    tokenizer: Any,
+    demos: Sequence[tuple[str, list[dict[str, Any]], bool]],
+    tasks: IndexedTasks,
+    env: Environment,
+) -> list[SFTExample]:
+    """Render ``(task_id, messages, succeeds)`` demonstrations with the tool schemas the environment shows
+    for each task, so the tokens the model imitates are the tokens it will later sample."""
+    by_id = {tasks.task_at(i).id: i for i in range(len(tasks))}
+    out: list[SFTExample] = []
+    for task_id, messages, _ in demos:
+        task = tasks.task_at(by_id[task_id])
+        out.append(render_example(tokenizer, messages, list(env.tool_access(task).schemas)))
+    return out
 
 
 def _weight(message: dict[str, Any]) -> int:
