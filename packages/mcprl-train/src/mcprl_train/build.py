@@ -15,7 +15,6 @@ from mcprl_train.errors import ConfigError, DistributedError
 
 if TYPE_CHECKING:
     from mcprl_tools import MissingVariables
-
     from mcprl_train.loop.update import TorchBackend
 
 logger = structlog.get_logger()
