@@ -89,6 +89,26 @@ def test_missing_variable_names_the_server_and_the_variable() -> None:
     assert "${FINANCE_API_KEY}" in str(err.value)
 
 
+def test_each_server_lists_the_variables_it_references() -> None:
+    data = {
+        "mcpServers": {
+            "a": {"command": "p", "env": {"K": "${SET_KEY}"}, "args": ["--token=${UNSET_KEY}"]},
+            "b": {"url": "http://h/mcp", "headers": {"Authorization": "Bearer ${SET_KEY}"}},
+            "c": {"command": "p"},
+        }
+    }
+    with pytest.raises(MissingVariableError, match=r"\$\{UNSET_KEY\}"):
+        ServersConfig.from_dict(data, environ={"SET_KEY": "v"})
+    cfg = ServersConfig.from_dict(data, environ={"SET_KEY": "v"}, missing_variables="keep")
+    a, b, c = cfg.servers["a"], cfg.servers["b"], cfg.servers["c"]
+    assert a.variables == {"SET_KEY", "UNSET_KEY"}
+    assert b.variables == {"SET_KEY"}
+    assert c.variables == frozenset()
+    assert a.env == {"K": "v"}
+    assert a.args == ("--token=${UNSET_KEY}",)
+    assert a.secrets == {"v"}
+
+
 def test_secrets_reach_only_their_server_and_are_redacted() -> None:
     environ = {"TOKEN": "s3cr3t-canary", "OTHER": "unused"}
     cfg = ServersConfig.from_dict(

@@ -1,8 +1,10 @@
+# pyright: strict
 from __future__ import annotations
 
 import json
 import sys
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -30,7 +32,7 @@ _SERVER = textwrap.dedent(
     """
 )
 
-_TASK = {
+_TASK: dict[str, object] = {
     "id": "t1",
     "prompt": "Say hi",
     "servers": ["echo"],
@@ -40,12 +42,12 @@ _TASK = {
 }
 
 
-def _write_tasks(path: Path, tasks: list[dict[str, object]]) -> Path:
+def _write_tasks(path: Path, tasks: list[Mapping[str, object]]) -> Path:
     path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
     return path
 
 
-def _config(tmp_path: Path, servers: dict[str, object], train: Path, validation: Path) -> Config:
+def _config(tmp_path: Path, servers: Mapping[str, object], train: Path, validation: Path) -> Config:
     return Config.from_dict(
         {
             "tools": {"mcp_servers": servers},
@@ -84,7 +86,7 @@ def test_a_broken_config_names_each_failure_with_a_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("DOCTOR_MISSING_KEY", raising=False)
-    servers = {
+    servers: dict[str, object] = {
         "ghost": {"command": "mcprl-no-such-server-binary", "args": []},
         "keyed": {"command": sys.executable, "args": ["-c", "pass"], "env": {"K": "${DOCTOR_MISSING_KEY}"}},
     }

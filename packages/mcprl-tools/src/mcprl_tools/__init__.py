@@ -1,6 +1,6 @@
 """MCP tool-server manager: launch, pool, time out, restart, call."""
 
-from mcprl_tools.config import RestartPolicy, ServerConfig, ServersConfig
+from mcprl_tools.config import MissingVariables, RestartPolicy, ServerConfig, ServersConfig
 from mcprl_tools.errors import (
     CassetteError,
     ConfigError,
@@ -18,6 +18,7 @@ __all__ = [
     "ConfigError",
     "ManagerNotStartedError",
     "MissingVariableError",
+    "MissingVariables",
     "RestartPolicy",
     "ServerConfig",
     "ServerStartError",

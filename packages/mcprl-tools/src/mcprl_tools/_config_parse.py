@@ -9,11 +9,14 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from mcprl_tools.errors import ConfigError, MissingVariableError
+
+if TYPE_CHECKING:
+    from mcprl_tools.config import MissingVariables
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -57,6 +60,7 @@ class ParseContext:
 
     source: str
     environ: Mapping[str, str]
+    missing_variables: MissingVariables = "raise"
 
     def fail(self, where: str, message: str) -> ConfigError:
         return ConfigError(f"{self.source}: {where}: {message}")
@@ -81,19 +85,24 @@ class ParseContext:
                 hint = f'; did you mean "{near[0]}"?' if near else f"; valid keys: {', '.join(valid)}"
                 raise self.fail(where, f'unknown key "{key}"{hint}')
 
-    def expand(self, text: str, *, where: str, secrets: set[str]) -> str:
-        """Expand `${VAR}` references; record the expanded values as secrets."""
+    def expand(self, text: str, *, where: str, secrets: set[str], variables: set[str]) -> str:
+        """Expand `${VAR}` references; record the names in `variables`, the expanded values in `secrets`."""
 
-        def sub(match: re.Match[str]) -> str:
-            var = match.group(1)
-            if var not in self.environ:
-                raise MissingVariableError(
-                    f"{self.source}: {where}: environment variable ${{{var}}} is not set "
-                    f"(set it in the environment of the process that starts the manager)"
-                )
-            value = self.environ[var]
-            secrets.add(value)
-            return value
+        def sub(reference: re.Match[str]) -> str:
+            var = reference.group(1)
+            variables.add(var)
+            if var in self.environ:
+                value = self.environ[var]
+                secrets.add(value)
+                return value
+            match self.missing_variables:
+                case "keep":
+                    return reference.group(0)
+                case "raise":
+                    raise MissingVariableError(
+                        f"{self.source}: {where}: environment variable ${{{var}}} is not set "
+                        f"(set it in the environment of the process that starts the manager)"
+                    )
 
         return _VAR.sub(sub, text)
 
@@ -191,6 +200,7 @@ def parse_server(
         return None
     transport = _parse_transport(ctx, where, raw)
     secrets: set[str] = set()
+    variables: set[str] = set()
     out: dict[str, Any] = {"name": name, "transport": transport}
     for key, val in {**defaults, **raw}.items():
         at = f'{where}, key "{key}"'
@@ -200,15 +210,19 @@ def parse_server(
             case "command" | "cwd" | "url":
                 if not isinstance(val, str) or not val:
                     raise ctx.fail(at, f"expected a non-empty string, got {val!r}")
-                out[key] = ctx.expand(val, where=at, secrets=secrets)
+                out[key] = ctx.expand(val, where=at, secrets=secrets, variables=variables)
             case "args":
-                out[key] = tuple(ctx.expand(a, where=at, secrets=secrets) for a in _string_list(ctx, at, val))
+                out[key] = tuple(
+                    ctx.expand(a, where=at, secrets=secrets, variables=variables)
+                    for a in _string_list(ctx, at, val)
+                )
             case "env" | "headers":
                 out[key] = {
-                    k: ctx.expand(v, where=f'{at}, "{k}"', secrets=secrets)
+                    k: ctx.expand(v, where=f'{at}, "{k}"', secrets=secrets, variables=variables)
                     for k, v in ctx.str_mapping(val, where=at).items()
                 }
             case _:
                 out.update(_parse_option(ctx, where, key, val))
     out["secrets"] = frozenset(secrets)
+    out["variables"] = frozenset(variables)
     return out

@@ -10,7 +10,9 @@
 ```
 
 `${VAR}` references are expanded from the environment when the file is loaded; the values are passed only to
-the server that names them and are redacted (`ServerConfig.redact`) wherever text may reach a log.
+the server that names them and are redacted (`ServerConfig.redact`) wherever text may reach a log. Each
+server lists the variables it references (`ServerConfig.variables`); loading with `missing_variables="keep"`
+leaves unset ones as written instead of raising, so a checker can name every missing variable at once.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from mcprl_tools.errors import ConfigError
 
 Transport = Literal["stdio", "http", "memory"]
 CatalogueChangePolicy = Literal["warn", "refuse"]
+MissingVariables = Literal["raise", "keep"]
+"""What an unset `${VAR}` does when loading: raise `MissingVariableError`, or stay in the value as written."""
 
 _TOP_KEYS = ("mcpServers", "defaults", "aliases")
 
@@ -90,6 +94,7 @@ class ServerConfig:
         on_catalogue_change: What to do when the tool catalogue changes mid-run.
         health_interval: Seconds between background health pings, or None for on-demand only.
         secrets: Values expanded from `${VAR}` references, redacted by `redact`.
+        variables: Names of the environment variables its `${VAR}` references read, set or not.
     """
 
     name: str
@@ -113,6 +118,7 @@ class ServerConfig:
     on_catalogue_change: CatalogueChangePolicy = "warn"
     health_interval: float | None = None
     secrets: frozenset[str] = attrs.field(factory=frozenset)
+    variables: frozenset[str] = attrs.field(factory=frozenset)
 
     def __attrs_post_init__(self) -> None:
         match self.transport:
@@ -174,8 +180,14 @@ class ServersConfig:
     source: str = "<inline>"
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> ServersConfig:
-        """Read a JSON, YAML or TOML file holding `{"mcpServers": {...}}`.
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        environ: Mapping[str, str] | None = None,
+        missing_variables: MissingVariables = "raise",
+    ) -> ServersConfig:
+        """Read a JSON, YAML or TOML file holding `{"mcpServers": {...}}` (see `from_dict`).
 
         Raises:
             ConfigError: Unreadable file, invalid structure, unknown key, or missing `${VAR}`.
@@ -195,18 +207,34 @@ class ServersConfig:
                     data = json.loads(text)
         except (ValueError, yaml.YAMLError) as exc:
             raise ConfigError(f"{p}: not valid {p.suffix.lstrip('.') or 'json'}: {exc}") from exc
-        return cls.from_dict(data, source=str(p), environ=environ)
+        return cls.from_dict(data, source=str(p), environ=environ, missing_variables=missing_variables)
 
     @classmethod
     def from_dict(
-        cls, data: object, *, source: str = "<inline>", environ: Mapping[str, str] | None = None
+        cls,
+        data: object,
+        *,
+        source: str = "<inline>",
+        environ: Mapping[str, str] | None = None,
+        missing_variables: MissingVariables = "raise",
     ) -> ServersConfig:
         """Build from the parsed `{"mcpServers": {...}}` structure.
+
+        Args:
+            data: The parsed structure.
+            source: Where it came from, for error messages.
+            environ: Where `${VAR}` references are looked up (default `os.environ`).
+            missing_variables: `"raise"` on an unset `${VAR}`, or `"keep"` the reference as written (the
+                servers then describe the file but cannot start; for checks that name what is missing).
 
         Raises:
             ConfigError: Invalid structure, unknown key (with the nearest valid one), or missing `${VAR}`.
         """
-        ctx = ParseContext(source=source, environ=os.environ if environ is None else environ)
+        ctx = ParseContext(
+            source=source,
+            environ=os.environ if environ is None else environ,
+            missing_variables=missing_variables,
+        )
         top = ctx.mapping(data, where="top level", expected='an object with "mcpServers"')
         ctx.reject_unknown(top, _TOP_KEYS, where="top level")
         if "mcpServers" not in top:

@@ -14,6 +14,7 @@ import structlog
 from mcprl_train.errors import ConfigError, DistributedError
 
 if TYPE_CHECKING:
+    from mcprl_tools import MissingVariables
     from mcprl_train.loop.update import TorchBackend
 
 logger = structlog.get_logger()
@@ -121,10 +122,11 @@ def build_sampler(config: Any, policy: Any, *, greedy: bool = False, seed: int |
             raise ValueError(f"unknown sampler backend {other!r}")
 
 
-def servers_config(config: Any) -> Any:
+def servers_config(config: Any, *, missing_variables: MissingVariables = "raise") -> Any:
     """The `mcprl_tools.ServersConfig` of `config.tools` (a file, an inline mapping or bundled servers).
 
-    `tools.allow_tools` narrows the named servers' exposed tools on top of whichever source is used.
+    `tools.allow_tools` narrows the named servers' exposed tools on top of whichever source is used;
+    `missing_variables` is `mcprl_tools.ServersConfig.from_dict`'s.
 
     Raises:
         ValueError: `tools.allow_tools` names a server the source does not start.
@@ -137,13 +139,19 @@ def servers_config(config: Any) -> Any:
     tools = config.tools
     match tools.source:
         case ServersFile(path=path):
-            servers = ServersConfig.load(path)
+            servers = ServersConfig.load(path, missing_variables=missing_variables)
         case InlineServers(servers=inline):
-            servers = ServersConfig.from_dict({"mcpServers": dict(inline)}, source="<config>")
+            servers = ServersConfig.from_dict(
+                {"mcpServers": dict(inline)}, source="<config>", missing_variables=missing_variables
+            )
         case OfflineServers(names=names):
             from mcprl_servers.config import default_servers_config
 
-            servers = ServersConfig.from_dict(default_servers_config(list(names)), source="<offline servers>")
+            servers = ServersConfig.from_dict(
+                default_servers_config(list(names)),
+                source="<offline servers>",
+                missing_variables=missing_variables,
+            )
         case other:
             raise ValueError(f"unknown tools source {other!r}")
     if not tools.allow_tools:

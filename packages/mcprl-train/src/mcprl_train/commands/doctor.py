@@ -1,3 +1,4 @@
+# pyright: strict
 """``mcprl-train doctor``: is this machine and this config ready to train? One row per check, a fix per failure.
 
 Checks, in order:
@@ -6,8 +7,10 @@ Checks, in order:
    ``distributed.backend=deepspeed``, bitsandbytes for ``quantization=nf4``, peft for LoRA, vLLM for the vLLM
    sampler, wandb/weave for tracking);
 2. devices — the configured device exists (CUDA device count for ``distributed.num_gpus``, MPS);
-3. API keys — every ``${VAR}`` the tools config references is set (and ``WANDB_API_KEY`` when weave is on);
-4. MCP servers — each configured server starts on its own and lists its tools (per-server deadline);
+3. API keys — every ``${VAR}`` a configured server references (``ServerConfig.variables``) is set, and
+   ``WANDB_API_KEY`` when weave is on;
+4. MCP servers — the servers ``build.servers_config`` gives load, and each starts on its own and lists its
+   tools (per-server deadline);
 5. task data — the train and validation files parse against the task schema, and every server a task names
    is configured.
 
@@ -18,25 +21,22 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
 import os
-import re
-import tomllib
-from collections.abc import Iterator, Mapping
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import anyio
 import attrs
-import yaml
 from rich.table import Table
 
 from mcprl_train import build
 from mcprl_train.config import Config, InlineServers, OfflineServers, ServersFile
 
+if TYPE_CHECKING:
+    from mcprl_tools import ServerConfig, ServersConfig
+
 __all__ = ["CheckResult", "render_report", "run_checks"]
 
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-[^}]*)?\}")
 _PACKAGES = ("mcprl_grpo", "mcprl_tools", "mcprl_env", "mcprl_policy", "mcprl_servers", "mcprl_tasks")
 
 
@@ -62,13 +62,14 @@ class CheckResult:
 def run_checks(config: Config, *, servers: bool = True, server_timeout: float = 60.0) -> list[CheckResult]:
     """Run every check for ``config``; ``servers=False`` skips starting the MCP servers."""
     results = [*_installation(config), *_devices(config)]
-    raw, source_error = _raw_servers(config)
-    if source_error is not None:
-        results.append(source_error)
-    results.extend(_keys(config, raw))
-    if servers and raw is not None:
-        results.extend(anyio.run(_servers, raw, server_timeout))
-    results.extend(_tasks(config, set(raw or {})))
+    tools = _load_servers(config)
+    if isinstance(tools, CheckResult):
+        results.append(tools)
+        tools = None
+    results.extend(_keys(config, tools))
+    if servers and tools is not None:
+        results.extend(anyio.run(_servers, tools, server_timeout))
+    results.extend(_tasks(config, set(tools.servers) if tools is not None else set()))
     return results
 
 
@@ -160,60 +161,37 @@ def _devices(config: Config) -> Iterator[CheckResult]:
 # -- keys and servers -------------------------------------------------------------------------------------------
 
 
-def _raw_servers(config: Config) -> tuple[dict[str, Any] | None, CheckResult | None]:
-    """The ``mcpServers`` mapping before ``${VAR}`` expansion (so missing keys can be reported by name)."""
-    match config.tools.source:
-        case InlineServers(servers=inline):
-            return dict(inline), None
-        case OfflineServers(names=names):
-            from mcprl_servers.config import default_servers_config
-
-            servers: Any = default_servers_config(list(names))["mcpServers"]
-            return dict(servers), None
-        case ServersFile(path=file):
-            path = Path(file)
-            try:
-                text = path.read_text(encoding="utf-8")
-                match path.suffix.lower():
-                    case ".yaml" | ".yml":
-                        data = yaml.safe_load(text)
-                    case ".toml":
-                        data = tomllib.loads(text)
-                    case _:
-                        data = json.loads(text)
-                return dict(data["mcpServers"]), None
-            except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
-                return None, CheckResult(
-                    category="servers",
-                    name=f"tools.servers={path}",
-                    ok=False,
-                    detail=f"cannot read an mcpServers mapping: {exc}",
-                    fix='write a JSON/YAML/TOML file {"mcpServers": {name: {"command": ..., "args": [...]}}}',
-                )
+def _load_servers(config: Config) -> ServersConfig | CheckResult:
+    """The servers `build.servers_config` gives, unset `${VAR}`s kept as written (the keys rows name them)."""
+    try:
+        return build.servers_config(config, missing_variables="keep")
+    except ValueError as exc:  # mcprl_tools.ConfigError (file, server, key), tools.allow_tools, offline names
+        match config.tools.source:
+            case ServersFile(path=path):
+                name = f"tools.servers={path}"
+            case InlineServers():
+                name = "tools.mcp_servers"
+            case OfflineServers(names=names):
+                name = f"tools.offline={list(names)}"
+        return CheckResult(
+            category="servers",
+            name=name,
+            ok=False,
+            detail=f"cannot load the servers: {exc}",
+            fix='fix what the error names; the format is {"mcpServers": {name: {"command": ..., "args": [...]}}}',
+        )
 
 
-def _referenced_vars(value: object) -> set[str]:
-    match value:
-        case str():
-            return set(_VAR.findall(value))
-        case Mapping():
-            return set().union(*(_referenced_vars(v) for v in value.values())) if value else set()
-        case list() | tuple():
-            return set().union(*(_referenced_vars(v) for v in value)) if value else set()
-        case _:
-            return set()
-
-
-def _keys(config: Config, raw: Mapping[str, Any] | None) -> Iterator[CheckResult]:
-    for name, spec in (raw or {}).items():
-        for var in sorted(_referenced_vars(spec)):
+def _keys(config: Config, tools: ServersConfig | None) -> Iterator[CheckResult]:
+    for server in tools.servers.values() if tools is not None else ():
+        for var in sorted(server.variables):
             present = bool(os.environ.get(var))
             yield CheckResult(
                 category="keys",
-                name=f"${{{var}}} (server {name})",
+                name=f"${{{var}}} (server {server.name})",
                 ok=present,
                 detail="set" if present else "not set",
-                fix="" if present else f"export {var}=... (it is passed only to server {name!r})",
+                fix="" if present else f"export {var}=... (it is passed only to server {server.name!r})",
             )
     if config.tracking.weave:
         present = (
@@ -228,53 +206,55 @@ def _keys(config: Config, raw: Mapping[str, Any] | None) -> Iterator[CheckResult
         )
 
 
-async def _servers(raw: Mapping[str, Any], deadline_s: float) -> list[CheckResult]:
+async def _servers(tools: ServersConfig, deadline_s: float) -> list[CheckResult]:
     results: dict[str, CheckResult] = {}
 
-    async def check(name: str, spec: Any) -> None:
-        results[name] = await _check_server(name, spec, deadline_s)
+    async def check(server: ServerConfig) -> None:
+        alone = attrs.evolve(tools, servers={server.name: server})
+        results[server.name] = await _check_server(server, alone, deadline_s)
 
     async with anyio.create_task_group() as group:
-        for name, spec in raw.items():
-            group.start_soon(check, name, spec)
-    return [results[name] for name in raw]
+        for server in tools.servers.values():
+            group.start_soon(check, server)
+    return [results[name] for name in tools.servers]
 
 
-async def _check_server(name: str, spec: Any, deadline_s: float) -> CheckResult:
-    from mcprl_tools import MissingVariableError, ServersConfig, ToolManager, ToolsError
+async def _check_server(server: ServerConfig, alone: ServersConfig, deadline_s: float) -> CheckResult:
+    from mcprl_tools import ToolManager, ToolsError
 
-    try:
-        cfg = ServersConfig.from_dict({"mcpServers": {name: spec}}, source=f"<server {name}>")
-    except MissingVariableError as exc:
-        fix = "set the environment variables it references (see the keys rows)"
-        return CheckResult(category="servers", name=name, ok=False, detail=f"not started: {exc}", fix=fix)
-    except ToolsError as exc:
-        fix = "fix the server entry (keys: command, args, env, url...)"
-        return CheckResult(category="servers", name=name, ok=False, detail=f"invalid entry: {exc}", fix=fix)
+    unset = [f"${{{var}}}" for var in sorted(server.variables) if var not in os.environ]
+    if unset:
+        return CheckResult(
+            category="servers",
+            name=server.name,
+            ok=False,
+            detail=f"not started: {', '.join(unset)} not set",
+            fix="set the environment variables it references (see the keys rows)",
+        )
     try:
         with anyio.fail_after(deadline_s):
-            async with ToolManager(cfg) as manager:
+            async with ToolManager(alone) as manager:
                 tools = sorted(t.name for t in manager.tools)
     except TimeoutError:
         return CheckResult(
             category="servers",
-            name=name,
+            name=server.name,
             ok=False,
             detail=f"no answer within {deadline_s:.0f} s",
             fix="run the server command by hand and check it speaks MCP on stdio",
         )
     except (ToolsError, OSError) as exc:
-        command = spec.get("command") if isinstance(spec, Mapping) else None
+        fix = f"check that {server.command!r} is installed and on PATH" if server.command else "check its url"
         return CheckResult(
             category="servers",
-            name=name,
+            name=server.name,
             ok=False,
             detail=f"did not start: {exc}",
-            fix=f"check that {command!r} is installed and on PATH" if command else "check the server's url",
+            fix=server.redact(fix),
         )
     return CheckResult(
         category="servers",
-        name=name,
+        name=server.name,
         ok=True,
         detail=f"{len(tools)} tools: {', '.join(tools)}" if tools else "0 tools",
     )
