@@ -13,14 +13,15 @@ from structlog.testing import capture_logs
 
 from mcprl_train.errors import CheckpointError
 from mcprl_train.run.checkpoint import CheckpointManager
+from mcprl_train.typed_torch import manual_seed, optimizer_step
 
 
 def _model_and_optimizer(seed: int) -> tuple[torch.nn.Linear, torch.optim.AdamW]:
-    torch.manual_seed(seed)
+    manual_seed(seed)
     model = torch.nn.Linear(4, 3)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model(torch.randn(2, 4)).sum().backward()
-    optimizer.step()
+    torch.autograd.backward(model(torch.randn(2, 4)).sum())
+    optimizer_step(optimizer)
     return model, optimizer
 
 
@@ -37,7 +38,7 @@ def test_saved_checkpoint_restores_weights_optimizer_rng_and_meta(tmp_path: Path
     manager = CheckpointManager(tmp_path / "ckpt")
     model, opt = _model_and_optimizer(0)
     random.seed(7)
-    torch.manual_seed(7)
+    manual_seed(7)
     _save(manager, 5, model, opt)
     expected = (random.random(), torch.rand(3))
     loaded = manager.load_latest()

@@ -12,7 +12,7 @@ import structlog
 import yaml
 from transformers import Qwen3Config
 
-from mcprl_train.cli import _with_default_command, main
+from mcprl_train.cli import _with_default_command, main  # pyright: ignore[reportPrivateUsage]
 from mcprl_train.config import Config
 
 
@@ -85,7 +85,7 @@ def test_debug_is_accepted_after_the_subcommand(capsys: pytest.CaptureFixture[st
 
 
 def test_plan_of_a_local_model_prints_the_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    Qwen3Config(
+    Qwen3Config(  # pyright: ignore[reportUnknownMemberType]  # save_pretrained: transformers leaves **kwargs unannotated
         vocab_size=1000,
         hidden_size=64,
         intermediate_size=128,
@@ -102,7 +102,7 @@ def test_plan_of_a_local_model_prints_the_table(capsys: pytest.CaptureFixture[st
 
 
 def test_plan_exits_1_when_the_model_does_not_fit(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    Qwen3Config(
+    Qwen3Config(  # pyright: ignore[reportUnknownMemberType]  # save_pretrained: transformers leaves **kwargs unannotated
         vocab_size=1000,
         hidden_size=64,
         intermediate_size=128,
@@ -119,7 +119,7 @@ def test_plan_exits_1_when_the_model_does_not_fit(capsys: pytest.CaptureFixture[
 def test_plan_for_a_cached_hub_model_works_offline(tmp_path: Path) -> None:
     """`mcprl-train plan --profile a100x2` reads Qwen/Qwen3-0.6B's config from the Hugging Face cache."""
     snapshot = tmp_path / "hub" / "models--Qwen--Qwen3-0.6B" / "snapshots" / ("0" * 40)
-    Qwen3Config(
+    Qwen3Config(  # pyright: ignore[reportUnknownMemberType]  # save_pretrained: transformers leaves **kwargs unannotated
         vocab_size=151936,
         hidden_size=1024,
         intermediate_size=3072,

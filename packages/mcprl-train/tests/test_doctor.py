@@ -1,4 +1,3 @@
-# pyright: strict
 from __future__ import annotations
 
 import json

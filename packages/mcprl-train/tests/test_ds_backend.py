@@ -7,6 +7,7 @@ import pytest
 from mcprl_train import collectives
 from mcprl_train.loop.samples import Sample
 from mcprl_train.parallel.ds_backend import filler_sample, logit_chunks, pad_to_chunks
+from mcprl_train.typed_torch import tensor_list
 
 
 def sample(n: int) -> Sample:
@@ -30,7 +31,7 @@ def test_padding_reaches_exactly_the_target_chunk_count(target: int) -> None:
 
 def test_fillers_train_on_nothing() -> None:
     filler = filler_sample(5, 3)
-    assert filler.token_ids.tolist() == [3] * 5
+    assert tensor_list(filler.token_ids, int) == [3] * 5
     assert not bool(filler.action_mask.any())
     assert float(filler.advantages.abs().sum()) == 0.0
 

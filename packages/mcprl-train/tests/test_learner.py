@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 import math
 import random
-from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -15,24 +15,27 @@ from mcprl_policy import Policy
 from mcprl_train.config import Config
 from mcprl_train.errors import RatioHealthError
 from mcprl_train.loop.learner import Learner, check_ratio_health, split_minibatches
-from mcprl_train.loop.samples import episode_sample, pack_indices
+from mcprl_train.loop.samples import MicroBatch, episode_sample, pack_indices
+from mcprl_train.typed_torch import manual_seed, tensor_list
 
 
 @pytest.fixture(scope="module")
-def policy_state() -> Any:
-    torch.manual_seed(0)
+def policy_state() -> Policy:
+    manual_seed(0)
     return Policy.from_pretrained("tiny", value_head=True)
 
 
-def fresh_policy(template: Any) -> Any:
+def fresh_policy(template: Policy) -> Policy:
     return copy.deepcopy(template)
 
 
-def make_groups(policy: Any, *, n_groups: int = 3, group_size: int = 4, seed: int = 0) -> list[EpisodeGroup]:
+def make_groups(
+    policy: Policy, *, n_groups: int = 3, group_size: int = 4, seed: int = 0
+) -> list[EpisodeGroup]:
     """Groups of synthetic episodes whose sampler logprobs are the policy's own (ratios start at 1)."""
     rng = random.Random(seed)
     vocab = len(policy.tokenizer)
-    groups = []
+    groups: list[EpisodeGroup] = []
     raw: list[tuple[list[int], list[int]]] = []
     for _ in range(n_groups * group_size):
         prompt = [rng.randrange(10, vocab) for _ in range(12)]
@@ -45,10 +48,10 @@ def make_groups(policy: Any, *, n_groups: int = 3, group_size: int = 4, seed: in
         logprobs = policy.forward_packed([ids for ids, _ in raw], values=False).split("logprobs")
     for g in range(n_groups):
         task = Task(id=f"t{g}", prompt="What is the price of ACME?", answer="1")
-        episodes = []
+        episodes: list[Episode] = []
         for i in range(group_size):
             ids, mask = raw[g * group_size + i]
-            lp = logprobs[g * group_size + i].tolist()
+            lp = tensor_list(logprobs[g * group_size + i], float)
             episodes.append(
                 Episode(
                     episode_id=f"t{g}/{i}",
@@ -86,7 +89,7 @@ def config(*overrides: str) -> Config:
     )
 
 
-def test_one_step_changes_trainable_parameters_and_gives_finite_metrics(policy_state: Any) -> None:
+def test_one_step_changes_trainable_parameters_and_gives_finite_metrics(policy_state: Policy) -> None:
     policy = fresh_policy(policy_state)
     learner = Learner(policy=policy, config=config(), total_steps=10, seed=0)
     before = [p.detach().clone() for p in policy.trainable_parameters()]
@@ -101,7 +104,7 @@ def test_one_step_changes_trainable_parameters_and_gives_finite_metrics(policy_s
         assert math.isfinite(value), key
 
 
-def test_ratios_differ_from_one_after_the_first_optimizer_step(policy_state: Any) -> None:
+def test_ratios_differ_from_one_after_the_first_optimizer_step(policy_state: Policy) -> None:
     policy = fresh_policy(policy_state)
     learner = Learner(
         policy=policy, config=config("grpo.ppo_epochs=2", "grpo.minibatches=2"), total_steps=10, seed=0
@@ -109,7 +112,7 @@ def test_ratios_differ_from_one_after_the_first_optimizer_step(policy_state: Any
     seen: list[float] = []
     original = learner.micro_step
 
-    def spy(m: Any, normalizer: torch.Tensor) -> dict[str, float]:
+    def spy(m: MicroBatch, normalizer: torch.Tensor) -> dict[str, float]:
         stats = original(m, normalizer)
         seen.append(stats["ratio/max_abs_dev"])
         return stats
@@ -125,7 +128,7 @@ def test_ratios_differ_from_one_after_the_first_optimizer_step(policy_state: Any
     assert min(seen[len(seen) // 4 :]) > 0.0
 
 
-def test_ratios_stuck_at_one_after_a_step_stop_the_run_with_a_diagnosis(policy_state: Any) -> None:
+def test_ratios_stuck_at_one_after_a_step_stop_the_run_with_a_diagnosis(policy_state: Policy) -> None:
     policy = fresh_policy(policy_state)
     learner = Learner(policy=policy, config=config("grpo.minibatches=2"), total_steps=10, seed=0)
     for group in learner.optimizer.param_groups:
@@ -136,7 +139,7 @@ def test_ratios_stuck_at_one_after_a_step_stop_the_run_with_a_diagnosis(policy_s
         learner.update(samples)
 
 
-def test_a_loss_without_trainable_gradient_is_diagnosed(policy_state: Any) -> None:
+def test_a_loss_without_trainable_gradient_is_diagnosed(policy_state: Policy) -> None:
     policy = fresh_policy(policy_state)
     learner = Learner(policy=policy, config=config(), total_steps=10, seed=0)
     for p in policy.trainable_parameters():
@@ -157,17 +160,17 @@ def test_check_ratio_health_names_the_missing_gradient() -> None:
         check_ratio_health(0.0, grad_norm=0.5, optimizer_steps=1)
 
 
-def test_zero_variance_groups_are_filtered_and_invalid_episodes_masked(policy_state: Any) -> None:
+def test_zero_variance_groups_are_filtered_and_invalid_episodes_masked(policy_state: Policy) -> None:
     policy = fresh_policy(policy_state)
     learner = Learner(policy=policy, config=config(), total_steps=10, seed=0)
     groups = make_groups(policy, n_groups=2)
     flat = EpisodeGroup(
         group_id="flat",
         task=groups[0].task,
-        episodes=[Episode(**{**_fields(e), "reward": 0.5}) for e in groups[0].episodes],
+        episodes=[attrs.evolve(e, reward=0.5) for e in groups[0].episodes],
     )
     broken = list(groups[1].episodes)
-    broken[0] = Episode(**{**_fields(broken[0]), "valid": False, "reward": 0.0})
+    broken[0] = attrs.evolve(broken[0], valid=False, reward=0.0)
     samples, metrics = learner.prepare(
         [flat, EpisodeGroup(group_id="b", task=groups[1].task, episodes=broken)]
     )
@@ -175,13 +178,7 @@ def test_zero_variance_groups_are_filtered_and_invalid_episodes_masked(policy_st
     assert len(samples) == len(broken) - 1
 
 
-def _fields(e: Episode) -> dict[str, Any]:
-    import attrs
-
-    return attrs.asdict(e, recurse=False)
-
-
-def test_gae_estimator_trains_the_value_head(policy_state: Any) -> None:
+def test_gae_estimator_trains_the_value_head(policy_state: Policy) -> None:
     policy = fresh_policy(policy_state)
     learner = Learner(
         policy=policy,
@@ -189,6 +186,7 @@ def test_gae_estimator_trains_the_value_head(policy_state: Any) -> None:
         total_steps=10,
         seed=0,
     )
+    assert policy.value_head is not None
     head = [p.detach().clone() for p in policy.value_head.parameters()]
     samples, _ = learner.prepare(make_groups(policy))
     metrics = learner.update(samples)
@@ -204,8 +202,8 @@ def test_episode_sample_never_trains_the_first_token() -> None:
         success=True, stop_reason="answer", error=None, answer=None, metrics={},
     )  # fmt: skip
     s = episode_sample(e, 0.5)
-    assert s.action_mask.tolist() == [False, True, False]
-    assert s.advantages.tolist() == [0.0, 0.5, 0.0]
+    assert tensor_list(s.action_mask, bool) == [False, True, False]
+    assert tensor_list(s.advantages, float) == [0.0, 0.5, 0.0]
 
 
 def test_packing_respects_the_budget_and_keeps_every_sequence() -> None:

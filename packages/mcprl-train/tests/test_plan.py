@@ -16,7 +16,7 @@ GIB = 1024**3
 def _qwen3_0_6b_dir(tmp_path: Path) -> Path:
     """A local config directory with Qwen/Qwen3-0.6B's published shape (no weights)."""
     path = tmp_path / "qwen3-0.6b"
-    Qwen3Config(
+    Qwen3Config(  # pyright: ignore[reportUnknownMemberType]  # save_pretrained: transformers leaves **kwargs unannotated
         vocab_size=151936,
         hidden_size=1024,
         intermediate_size=3072,
@@ -31,7 +31,7 @@ def _qwen3_0_6b_dir(tmp_path: Path) -> Path:
 
 def _small_dir(tmp_path: Path) -> Path:
     path = tmp_path / "small"
-    Qwen3Config(
+    Qwen3Config(  # pyright: ignore[reportUnknownMemberType]  # save_pretrained: transformers leaves **kwargs unannotated
         vocab_size=4096,
         hidden_size=256,
         intermediate_size=1024,

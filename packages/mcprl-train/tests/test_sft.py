@@ -7,15 +7,17 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from mcprl_env import ChatTokenizer
 from mcprl_policy.tiny import build_tiny_model
-from mcprl_train.loop.warm_start import render_example
+from mcprl_train.loop.warm_start import SFTExample, render_example
 
 CALL = '<tool_call>{"name": "get_quote", "arguments": {"symbol": "ACME"}}</tool_call>'
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> object:
-    return AutoTokenizer.from_pretrained(
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> ChatTokenizer:
+    # transformers leaves AutoTokenizer.from_pretrained's parameters and return type unannotated.
+    return AutoTokenizer.from_pretrained(  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
         build_tiny_model("tiny", cache_dir=Path(tmp_path_factory.mktemp("m")))
     )
 
@@ -34,12 +36,12 @@ def _conversation(first_weight: int | None) -> list[dict[str, object]]:
     ]
 
 
-def _targets(tokenizer: object, example: object) -> str:
-    ids = [t for t, m in zip(example.token_ids, example.assistant_mask, strict=True) if m]  # type: ignore[attr-defined]
-    return tokenizer.decode(ids)  # type: ignore[attr-defined]
+def _targets(tokenizer: ChatTokenizer, example: SFTExample) -> str:
+    ids = [t for t, m in zip(example.token_ids, example.assistant_mask, strict=True) if m]
+    return tokenizer.decode(ids)
 
 
-def test_a_weight_0_message_stays_in_context_but_is_not_a_target(tokenizer: object) -> None:
+def test_a_weight_0_message_stays_in_context_but_is_not_a_target(tokenizer: ChatTokenizer) -> None:
     full = render_example(tokenizer, _conversation(None), None)
     masked = render_example(tokenizer, _conversation(0), None)
     assert masked.token_ids == full.token_ids  # same context
@@ -52,14 +54,16 @@ def test_a_weight_0_message_stays_in_context_but_is_not_a_target(tokenizer: obje
 
 
 @pytest.mark.parametrize("weight", [2, 0.5, True, "0"])
-def test_a_weight_other_than_0_or_1_is_refused(tokenizer: object, weight: object) -> None:
+def test_a_weight_other_than_0_or_1_is_refused(tokenizer: ChatTokenizer, weight: object) -> None:
     messages = _conversation(None)
     messages[1]["weight"] = weight
     with pytest.raises(ValueError, match="weight must be 0 or 1"):
         render_example(tokenizer, messages, None)
 
 
-def test_a_demonstration_whose_every_assistant_message_has_weight_0_is_refused(tokenizer: object) -> None:
+def test_a_demonstration_whose_every_assistant_message_has_weight_0_is_refused(
+    tokenizer: ChatTokenizer,
+) -> None:
     messages = [{**m, "weight": 0} if m["role"] == "assistant" else m for m in _conversation(None)]
     with pytest.raises(ValueError, match="no assistant tokens"):
         render_example(tokenizer, messages, None)

@@ -89,7 +89,7 @@ class _FakeWandbRun:
 def test_metrics_records_reach_wandb_under_stable_keys(tmp_path: Path) -> None:
     config, run_dir = _run_dir(tmp_path, "tracking.wandb=disabled")
     tracker = Tracker(config, run_dir)
-    tracker._wandb_run = run = _FakeWandbRun()
+    tracker._wandb_run = run = _FakeWandbRun()  # pyright: ignore[reportPrivateUsage]
     tracker.write_metrics("grpo", 2, {"stage": "grpo", "sft_step": 5, "loss/policy": 0.25})
     tracker.write_metrics("sft", 0, {"stage": "sft", "sft_step": 3, "sft/loss": 1.5})
     tracker.write_metrics(
@@ -111,14 +111,14 @@ def test_disabled_weave_traces_each_episode_with_its_run_and_step(
     monkeypatch.setenv("WEAVE_DISABLED", "true")
     config, run_dir = _run_dir(tmp_path, "tracking.weave=true", "tracking.wandb=disabled")
     tracker = Tracker(config, run_dir).start()
-    op = tracker._weave_op
+    op = tracker._weave_op  # pyright: ignore[reportPrivateUsage]
     traced: list[dict[str, object]] = []
 
     def spy(record: dict[str, object]) -> object:
         traced.append(record)
         return op(record)
 
-    tracker._weave_op = spy
+    tracker._weave_op = spy  # pyright: ignore[reportPrivateUsage]
     tracker.write_episodes(1, [{"episode_id": "a", "reward": 1.0}, {"episode_id": "b", "reward": 0.0}])
     assert traced == [
         {"run": "t", "step": 1, "episode_id": "a", "reward": 1.0},

@@ -7,20 +7,25 @@ Everything that turns config values into objects of the other packages lives her
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
 from mcprl_train.errors import ConfigError, DistributedError
 
 if TYPE_CHECKING:
-    from mcprl_tools import MissingVariables
+    from mcprl_env import Task, TaskSet
+    from mcprl_policy import Policy, PolicySampler, ReferencePolicy
+    from mcprl_tools import MissingVariables, ServersConfig
+    from mcprl_train.config import Config
+    from mcprl_train.loop.task_stream import IndexedTasks
     from mcprl_train.loop.update import TorchBackend
+    from mcprl_train.loop.warm_start import Demonstration
 
 logger = structlog.get_logger()
 
 
-def build_policy(config: Any, *, source: str | None = None) -> Any:
+def build_policy(config: Config, *, source: str | None = None) -> Policy:
     """The trainable policy (model + tokenizer + optional value head) from `config.model` / `config.lora`.
 
     Args:
@@ -49,7 +54,7 @@ def build_policy(config: Any, *, source: str | None = None) -> Any:
     return policy
 
 
-def torch_backend(config: Any, *, source: str | None = None) -> TorchBackend:
+def torch_backend(config: Config, *, source: str | None = None) -> TorchBackend:
     """The trained policy with its update in this process (`mcprl_train.loop.update.TorchBackend`).
 
     Args:
@@ -70,7 +75,7 @@ def torch_backend(config: Any, *, source: str | None = None) -> TorchBackend:
     return TorchBackend(build_policy(config, source=source), config.optim)
 
 
-def build_reference(config: Any, policy: Any) -> Any:
+def build_reference(config: Config, policy: Policy) -> ReferencePolicy | None:
     """The KL reference (`mcprl_policy.ReferencePolicy`), or None when `grpo.kl_coef` is 0 (never read)."""
     if config.grpo.kl_coef <= 0:
         return None
@@ -79,7 +84,9 @@ def build_reference(config: Any, policy: Any) -> Any:
     return ReferencePolicy.for_policy(policy)
 
 
-def build_sampler(config: Any, policy: Any, *, greedy: bool = False, seed: int | None = None) -> Any:
+def build_sampler(
+    config: Config, policy: Policy, *, greedy: bool = False, seed: int | None = None
+) -> PolicySampler:
     """The rollout sampler (`config.sampling`, `config.sampler`); `greedy` gives the evaluation sampler.
 
     `seed` is the sampler's (derived from `run.seed` by the caller; `sampling.seed` is never set).
@@ -118,11 +125,11 @@ def build_sampler(config: Any, policy: Any, *, greedy: bool = False, seed: int |
                 gpu_memory_utilization=config.sampler.gpu_memory_utilization,
                 engine_kwargs={"max_num_seqs": config.sampler.max_batch_size},
             )
-        case other:
-            raise ValueError(f"unknown sampler backend {other!r}")
+        case _:  # unreachable by type; kept for a backend set around the loader
+            raise ValueError(f"unknown sampler backend {config.sampler.backend!r}")
 
 
-def servers_config(config: Any, *, missing_variables: MissingVariables = "raise") -> Any:
+def servers_config(config: Config, *, missing_variables: MissingVariables = "raise") -> ServersConfig:
     """The `mcprl_tools.ServersConfig` of `config.tools` (a file, an inline mapping or bundled servers).
 
     `tools.allow_tools` narrows the named servers' exposed tools on top of whichever source is used;
@@ -152,8 +159,6 @@ def servers_config(config: Any, *, missing_variables: MissingVariables = "raise"
                 source="<offline servers>",
                 missing_variables=missing_variables,
             )
-        case other:
-            raise ValueError(f"unknown tools source {other!r}")
     if not tools.allow_tools:
         return servers
     unknown = sorted(set(tools.allow_tools) - set(servers.servers))
@@ -189,7 +194,7 @@ def task_path(spec: str, *, name: str) -> Path:
     return path
 
 
-def load_task_source(spec: str, *, name: str) -> Any:
+def load_task_source(spec: str, *, name: str) -> TaskSet:
     """An indexed, streaming `mcprl_env.TaskSet` of a task spec (see `task_path`)."""
     from mcprl_env import TaskSet
 
@@ -198,7 +203,7 @@ def load_task_source(spec: str, *, name: str) -> Any:
     return tasks
 
 
-def load_demos(config: Any) -> list[tuple[str, list[dict[str, Any]], bool]]:
+def load_demos(config: Config) -> list[Demonstration]:
     """The warm-start demonstrations: `(task_id, messages, succeeds)` for `sft.demos` training tasks.
 
     A fraction `sft.teacher_noise` of them comes from `mcprl_tasks.imperfect_teacher` (guessed prices,
@@ -213,7 +218,7 @@ def load_demos(config: Any) -> list[tuple[str, list[dict[str, Any]], bool]]:
     rng = random.Random(f"demos:{config.run.seed}")
     order = list(range(len(raw)))
     rng.shuffle(order)
-    out: list[tuple[str, list[dict[str, Any]], bool]] = []
+    out: list[Demonstration] = []
     for i in order[: config.sft.demos]:
         task = raw[i]
         if rng.random() < config.sft.teacher_noise:
@@ -224,6 +229,6 @@ def load_demos(config: Any) -> list[tuple[str, list[dict[str, Any]], bool]]:
     return out
 
 
-def first_tasks(tasks: Any, n: int) -> list[Any]:
+def first_tasks(tasks: IndexedTasks, n: int) -> list[Task]:
     """The first `n` tasks of a set (fixed validation subset)."""
     return [tasks.task_at(i) for i in range(min(n, len(tasks)))]

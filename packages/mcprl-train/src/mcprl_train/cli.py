@@ -65,7 +65,7 @@ def _reported_errors() -> tuple[type[Exception], ...]:
     return tuple(errors)
 
 
-def _add_debug_arg(parser: argparse.ArgumentParser, *, default: Any) -> None:
+def _add_debug_arg(parser: argparse.ArgumentParser, *, default: bool | str) -> None:
     parser.add_argument(
         "--debug", action="store_true", default=default, help="print the traceback of an error"
     )

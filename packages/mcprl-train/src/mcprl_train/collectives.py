@@ -11,7 +11,7 @@ through the current CUDA device, which `mcprl_train.parallel.deepspeed.init_dist
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -59,7 +59,7 @@ def shard(items: Sequence[T], rank: int, world_size: int) -> list[T]:
 
 def barrier() -> None:
     if is_distributed():
-        dist.barrier()
+        dist.barrier()  # pyright: ignore[reportUnknownMemberType]  # torch leaves device_ids unannotated
 
 
 def _device() -> torch.device:
@@ -73,7 +73,7 @@ def all_reduce_tensor(value: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor
     if not is_distributed():
         return value.clone()
     out = value.detach().to(device=_device(), dtype=torch.float64).clone()
-    dist.all_reduce(out, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    dist.all_reduce(out, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)  # pyright: ignore[reportUnknownMemberType]  # torch leaves tensor/group unannotated
     return out.to(device=value.device, dtype=value.dtype)
 
 
@@ -86,7 +86,7 @@ def broadcast_object(value: T, src: int = 0) -> T:
     """Rank ``src``'s ``value`` on every rank (others pass anything, e.g. None)."""
     if not is_distributed():
         return value
-    box: list[Any] = [value]
+    box: list[T] = [value]
     dist.broadcast_object_list(box, src=src)
     return box[0]
 
@@ -95,9 +95,9 @@ def all_gather_objects(value: T) -> list[T]:
     """Every rank's ``value``, in rank order, on every rank."""
     if not is_distributed():
         return [value]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
+    out: list[T | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)  # pyright: ignore[reportUnknownMemberType]  # torch leaves its parameters unannotated
+    return cast("list[T]", out)  # every slot filled by the gather
 
 
 def mean_metrics(

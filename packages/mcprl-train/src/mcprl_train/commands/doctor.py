@@ -1,4 +1,3 @@
-# pyright: strict
 """``mcprl-train doctor``: is this machine and this config ready to train? One row per check, a fix per failure.
 
 Checks, in order:

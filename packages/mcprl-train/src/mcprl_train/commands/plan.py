@@ -32,13 +32,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 from rich.table import Table
 
 from mcprl_train.config import Config
 from mcprl_train.errors import PlanError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = ["MemoryPlan", "ModelShape", "load_model_shape", "plan_memory", "render_plan"]
 
@@ -118,7 +121,7 @@ class ModelShape:
         return self.num_layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in chosen)
 
     @classmethod
-    def from_hf_config(cls, cfg: Any) -> ModelShape:
+    def from_hf_config(cls, cfg: PretrainedConfig) -> ModelShape:
         """From a transformers ``PretrainedConfig`` (Qwen2/3, Llama, Mistral field names)."""
         hidden = int(cfg.hidden_size)
         heads = int(cfg.num_attention_heads)
@@ -156,25 +159,30 @@ def load_model_shape(name: str) -> ModelShape:
             num_kv_heads=p.num_key_value_heads,
             head_dim=p.hidden_size // p.num_attention_heads,
         )
-    from transformers import AutoConfig
-
     try:
-        cfg = AutoConfig.from_pretrained(name, local_files_only=True)
+        cfg = _auto_config(name, local_files_only=True)
     except (OSError, ValueError) as cached_exc:
         if Path(name).exists() or os.environ.get("HF_HUB_OFFLINE") == "1":
             raise PlanError(f"cannot read the model config of {name!r}: {cached_exc}") from cached_exc
         try:
-            cfg = AutoConfig.from_pretrained(name)
+            cfg = _auto_config(name, local_files_only=False)
         except (OSError, ValueError) as exc:
             raise PlanError(
                 f"cannot read the model config of {name!r}: it is not in the Hugging Face cache and the hub "
                 f"is unreachable ({exc}); pass a local model directory with --model"
             ) from exc
-    text_cfg = getattr(cfg, "text_config", None) or cfg
+    text_cfg: PretrainedConfig = getattr(cfg, "text_config", None) or cfg
     try:
         return ModelShape.from_hf_config(text_cfg)
     except AttributeError as exc:
         raise PlanError(f"{name!r} is not a decoder-only language model config ({exc})") from exc
+
+
+def _auto_config(name: str, *, local_files_only: bool) -> PretrainedConfig:
+    from transformers import AutoConfig
+
+    # transformers leaves AutoConfig.from_pretrained's **kwargs (and so its return type) unannotated.
+    return AutoConfig.from_pretrained(name, local_files_only=local_files_only)  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
 
 
 @attrs.frozen(kw_only=True)
@@ -327,7 +335,10 @@ def _device_memory(config: Config, device: str, n: int) -> int | None:
     if device == "cuda":
         import torch
 
-        return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
+        if not torch.cuda.is_available():
+            return None
+        # torch leaves get_device_properties' return type unannotated (a _CudaDeviceProperties).
+        return int(torch.cuda.get_device_properties(0).total_memory)  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
     try:  # cpu and mps share the host memory
         host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

@@ -9,7 +9,7 @@ import difflib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import yaml
 
@@ -17,11 +17,29 @@ from mcprl_train.errors import ConfigError
 
 __all__ = [
     "deep_merge",
+    "is_dict",
+    "is_list",
+    "is_mapping",
     "parse_override",
     "plain_data",
     "read_config_file",
     "unknown_key_message",
 ]
+
+
+def is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
+    """Whether ``value`` is a mapping: a (sub)tree of config data, JSON-shaped."""
+    return isinstance(value, Mapping)
+
+
+def is_dict(value: object) -> TypeGuard[dict[str, Any]]:
+    """Whether ``value`` is a dict: a (sub)tree of config data as YAML and JSON read it."""
+    return isinstance(value, dict)
+
+
+def is_list(value: object) -> TypeGuard[list[Any] | tuple[Any, ...]]:
+    """Whether ``value`` is a list (or tuple) of config data, JSON-shaped."""
+    return isinstance(value, list | tuple)
 
 
 def parse_override(item: str) -> dict[str, Any]:
@@ -60,7 +78,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
         ) from exc
     if data is None:
         return {}
-    if not isinstance(data, dict):
+    if not is_dict(data):
         raise ConfigError(f"config file {str(path)!r}: expected a mapping at the top level")
     return data
 
@@ -68,7 +86,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+        if is_mapping(value) and is_mapping(merged.get(key)):
             merged[key] = deep_merge(merged[key], value)
         else:
             merged[key] = value
@@ -84,9 +102,14 @@ def unknown_key_message(path: str, candidates: Sequence[str]) -> str:
     return f"unknown config key {path!r}{hint}"
 
 
-def plain_data(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: plain_data(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain_data(v) for v in value]
+def plain_data(tree: Mapping[str, Any]) -> dict[str, Any]:
+    """``tree`` as plain YAML/JSON-able data: nested dicts and lists (tuples become lists)."""
+    return {k: _plain(v) for k, v in tree.items()}
+
+
+def _plain(value: object) -> object:
+    if is_dict(value):
+        return plain_data(value)
+    if is_list(value):
+        return [_plain(v) for v in value]
     return value

@@ -121,7 +121,7 @@ class OfflineServers:
 ToolSource = ServersFile | InlineServers | OfflineServers
 """Where the MCP servers come from; in the config tree, the key that is set says which."""
 
-_SOURCE_KEYS: dict[str, tuple[type[ToolSource], str, Any]] = {
+_SOURCE_KEYS: dict[str, tuple[type[ToolSource], str, object]] = {
     "servers": (ServersFile, "path", str),
     "mcp_servers": (InlineServers, "servers", dict[str, Any]),
     "offline": (OfflineServers, "names", tuple[str, ...]),
@@ -142,19 +142,19 @@ class ToolsConfig:
     """
 
     source: ToolSource = attrs.field(factory=OfflineServers)
-    allow_tools: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+    allow_tools: dict[str, tuple[str, ...]] = attrs.field(factory=dict[str, tuple[str, ...]])
 
     @classmethod
-    def from_data(cls, data: Any, path: str) -> ToolsConfig:
+    def from_data(cls, data: object, path: str) -> ToolsConfig:
         """Read the tree's shape (``servers`` / ``mcp_servers`` / ``offline``, ``allow_tools``).
 
         Raises:
             ConfigError: an unknown key, a wrong value, or more than one source.
         """
-        from mcprl_train.config.layers import unknown_key_message
+        from mcprl_train.config.layers import is_dict, unknown_key_message
         from mcprl_train.config.structure import structure
 
-        if not isinstance(data, dict):
+        if not is_dict(data):
             raise ConfigError(f"{path}: expected a mapping of keys, got {data!r}")
         keys = [*_SOURCE_KEYS, "allow_tools"]
         for key in data:
@@ -169,7 +169,8 @@ class ToolsConfig:
         source: ToolSource = OfflineServers()
         if given:
             kind, field, hint = _SOURCE_KEYS[given[0]]
-            source = kind(**{field: structure(data[given[0]], hint, f"{path}.{given[0]}")})
+            value: Any = structure(data[given[0]], hint, f"{path}.{given[0]}")  # typed by the table's hint
+            source = kind(**{field: value})
         allow = structure(data.get("allow_tools") or {}, dict[str, tuple[str, ...]], f"{path}.allow_tools")
         return cls(source=source, allow_tools=allow)
 

@@ -16,18 +16,24 @@ import functools
 import re
 import types
 import typing
-from collections.abc import Iterator, Mapping
-from typing import Any, Literal, Union, get_args, get_origin
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Literal, TypeVar, Union, cast, get_args, get_origin, overload
 
 import attrs
 
-from mcprl_train.config.layers import unknown_key_message
+from mcprl_train.config.layers import is_list, is_mapping, unknown_key_message
 from mcprl_train.errors import ConfigError
 
 __all__ = ["key_paths", "structure", "structure_fields"]
 
+T = TypeVar("T")
 
-def structure(value: Any, hint: Any, path: str) -> Any:
+
+@overload
+def structure(value: object, hint: type[T], path: str) -> T: ...
+@overload
+def structure(value: object, hint: object, path: str) -> object: ...
+def structure(value: object, hint: object, path: str) -> object:
     """Check ``value`` against the annotation ``hint`` and build the typed value (attrs classes included).
 
     Raises:
@@ -35,7 +41,7 @@ def structure(value: Any, hint: Any, path: str) -> Any:
     """
     origin = get_origin(hint)
     if isinstance(hint, type) and attrs.has(hint):
-        return _structure_class(value, hint, path)
+        return structure_class(value, hint, path)
     if origin in (Union, types.UnionType):
         return _structure_union(value, get_args(hint), hint, path)
     ok = _structure_leaf(value, hint, origin, path)
@@ -44,11 +50,11 @@ def structure(value: Any, hint: Any, path: str) -> Any:
     return ok
 
 
-def structure_fields(cls: type, data: Mapping[str, Any], path: str) -> dict[str, Any]:
+def structure_fields(cls: type, data: Mapping[str, object], path: str) -> dict[str, object]:
     """Typed, validated keyword arguments of ``cls`` from ``data`` (unknown keys rejected)."""
     fields = {f.name: f for f in attrs.fields(cls)}
     hints = _hints(cls)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, object] = {}
     for key, item in data.items():
         key_path = f"{path}.{key}" if path else str(key)
         if key not in fields:
@@ -81,17 +87,18 @@ def _cached_paths(cls: type) -> list[str]:
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: type) -> dict[str, object]:
     return typing.get_type_hints(cls)
 
 
-def _structure_class(value: Any, cls: type, path: str) -> Any:
-    from_data = getattr(cls, "from_data", None)
+def structure_class(value: object, cls: type[T], path: str) -> T:
+    """The attrs class ``cls`` built from the config data ``value`` (see `structure`)."""
+    from_data: Callable[[object, str], T] | None = getattr(cls, "from_data", None)
     if from_data is not None:
         return from_data({} if value is None else value, path)
     if value is None:
         value = {}
-    if not isinstance(value, Mapping):
+    if not is_mapping(value):
         raise ConfigError(f"{path}: expected a mapping of keys, got {value!r}")
     kwargs = structure_fields(cls, value, path)
     try:
@@ -102,7 +109,7 @@ def _structure_class(value: Any, cls: type, path: str) -> Any:
         raise ConfigError(f"{path}: {exc}" if path else str(exc)) from exc
 
 
-def _structure_union(value: Any, args: tuple[Any, ...], hint: Any, path: str) -> Any:
+def _structure_union(value: object, args: tuple[object, ...], hint: object, path: str) -> object:
     if value is None and type(None) in args:
         return None
     rest = [a for a in args if a is not type(None)]
@@ -116,7 +123,7 @@ def _structure_union(value: Any, args: tuple[Any, ...], hint: Any, path: str) ->
     raise ConfigError(f"{path}: got {value!r}; expected {_describe(hint)}")
 
 
-def _structure_leaf(value: Any, hint: Any, origin: Any, path: str) -> Any:
+def _structure_leaf(value: object, hint: object, origin: object, path: str) -> object:
     if hint is Any:
         return value
     if origin is Literal:
@@ -131,7 +138,7 @@ def _structure_leaf(value: Any, hint: Any, origin: Any, path: str) -> Any:
         return _number(value)
     if hint is str:
         return value if isinstance(value, str) else _MISSING
-    if origin is tuple and isinstance(value, list | tuple):
+    if origin is tuple and is_list(value):
         args = get_args(hint)
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(structure(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
@@ -139,13 +146,13 @@ def _structure_leaf(value: Any, hint: Any, origin: Any, path: str) -> Any:
             return tuple(
                 structure(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True))
             )
-    if origin is dict and isinstance(value, Mapping):
+    if origin is dict and is_mapping(value):
         key_t, val_t = get_args(hint)
         return {structure(k, key_t, path): structure(v, val_t, f"{path}.{k}") for k, v in value.items()}
     return _MISSING
 
 
-def _number(value: Any) -> Any:
+def _number(value: object) -> object:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, str):  # YAML 1.1 reads "1e-5" (no dot) as a string
@@ -156,10 +163,12 @@ def _number(value: Any) -> Any:
     return _MISSING
 
 
-def _validated(field: attrs.Attribute[Any], value: Any, path: str) -> Any:
+def _validated(field: attrs.Attribute[Any], value: object, path: str) -> object:
     """Run the field's converter and validators on ``value`` alone, so a failure names its key path."""
-    if field.converter is not None and callable(field.converter):
-        value = field.converter(value)
+    # attrs leaves a Converter's type parameters unbound; a plain converter takes and returns a value.
+    converter = cast("Callable[[object], object] | None", field.converter)  # pyright: ignore[reportUnknownMemberType]
+    if converter is not None and callable(converter):
+        value = converter(value)
     for check in _leaf_validators(field.validator):
         optional = getattr(check, "validator", None) if type(check).__name__ == "_OptionalValidator" else None
         if optional is not None and value is None:
@@ -178,8 +187,8 @@ def _leaf_validators(validator: Any) -> list[Any]:
     """The single checks of a field's validator (attrs' ``and_`` and lists flattened)."""
     if validator is None:
         return []
-    if isinstance(validator, list | tuple):
-        return [leaf for v in validator for leaf in _leaf_validators(v)]  # pyright: ignore[reportUnknownVariableType]
+    if is_list(validator):
+        return [leaf for v in validator for leaf in _leaf_validators(v)]
     nested: Any = getattr(validator, "_validators", None)  # attrs.validators.and_
     if nested is not None:
         return [leaf for v in nested for leaf in _leaf_validators(v)]
@@ -194,7 +203,7 @@ def _expectation(validator: Any, name: str, value: Any, exc: Exception) -> str:
     return re.sub(rf"^'?{re.escape(name)}'?:?\s+", "", str(exc))
 
 
-def _describe(hint: Any) -> str:
+def _describe(hint: object) -> str:
     origin = get_origin(hint)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(hint))
@@ -209,7 +218,8 @@ def _describe(hint: Any) -> str:
         return f"a list of {len(args)} values"
     if origin is dict or (isinstance(hint, type) and attrs.has(hint)):
         return "a mapping"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+    names: dict[object, str] = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    return names.get(hint, str(hint))
 
 
-_MISSING: Any = object()
+_MISSING = object()

@@ -34,7 +34,14 @@ import yaml
 
 from mcprl_env import EnvConfig
 from mcprl_policy import LoraSettings, Quantization, SamplingParams
-from mcprl_train.config.layers import deep_merge, parse_override, plain_data, read_config_file
+from mcprl_train.config.layers import (
+    deep_merge,
+    is_dict,
+    is_mapping,
+    parse_override,
+    plain_data,
+    read_config_file,
+)
 from mcprl_train.config.sections import (
     CollectionConfig,
     DistributedConfig,
@@ -49,7 +56,7 @@ from mcprl_train.config.sections import (
     ToolsConfig,
     TrackingConfig,
 )
-from mcprl_train.config.structure import structure
+from mcprl_train.config.structure import structure_class
 from mcprl_train.errors import ConfigError
 
 __all__ = ["DEFAULT_PROFILE", "Config", "list_profiles"]
@@ -134,15 +141,15 @@ class Config:
         return cls.from_dict(data)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Config:
+    def from_dict(cls, data: object) -> Config:
         """Validate a (partial) config tree; missing keys take their defaults.
 
         Raises:
             ConfigError: unknown key (naming the nearest valid one) or invalid value.
         """
-        if not isinstance(data, Mapping):
+        if not is_mapping(data):
             raise ConfigError(f"config: expected a mapping at the top level, got {type(data).__name__}")
-        return structure(_fill_turns(data), cls, "")
+        return structure_class(_fill_turns(data), cls, "")
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved tree as plain YAML/JSON-able data (tuples become lists)."""
@@ -175,8 +182,8 @@ def _profile_data(name: str) -> dict[str, Any]:
         near = difflib.get_close_matches(name, known, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
         raise ConfigError(f"unknown profile {name!r}{hint} (known: {', '.join(known)})")
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(data, dict):
+    data: object = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not is_dict(data):
         raise ConfigError(f"profile {name!r}: expected a mapping")
     return data
 
@@ -188,8 +195,8 @@ def _merge_layer(base: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str,
     with it (a layer that names a source may give its own allow-lists).
     """
     tools = layer.get("tools")
-    if isinstance(tools, Mapping) and isinstance(base.get("tools"), Mapping):
-        chosen = [k for k in _TOOL_SOURCES if tools.get(k) is not None]  # pyright: ignore[reportUnknownMemberType]
+    if is_mapping(tools) and is_mapping(base.get("tools")):
+        chosen = [k for k in _TOOL_SOURCES if tools.get(k) is not None]
         if chosen:
             dropped = {*_TOOL_SOURCES, "allow_tools"}
             base = {**base, "tools": {k: v for k, v in base["tools"].items() if k not in dropped}}
@@ -202,10 +209,10 @@ def _fill_turns(data: Mapping[str, Any]) -> Mapping[str, Any]:
     So ``--set env.max_turns_by_difficulty.easy=3`` sets one limit (EnvConfig itself wants all three).
     """
     env = data.get("env")
-    if not isinstance(env, Mapping):
+    if not is_mapping(env):
         return data
-    turns = env.get("max_turns_by_difficulty")  # pyright: ignore[reportUnknownMemberType]
-    if not isinstance(turns, Mapping):
+    turns = env.get("max_turns_by_difficulty")
+    if not is_mapping(turns):
         return data
     filled = {**EnvConfig().max_turns_by_difficulty, **turns}
     return {**data, "env": {**env, "max_turns_by_difficulty": filled}}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -48,6 +48,7 @@ from mcprl_train.config import Config
 from mcprl_train.errors import RatioHealthError
 from mcprl_train.loop.samples import MicroBatch, Sample, episode_sample, micro_batch, pack_indices
 from mcprl_train.loop.update import TorchBackend, UpdateBackend
+from mcprl_train.typed_torch import tensor_list
 
 logger = structlog.get_logger()
 
@@ -60,7 +61,7 @@ def split_minibatches(num_items: int, num: int, rng: random.Random) -> list[list
     return [idx[k::num] for k in range(num)]
 
 
-def warmup_lambda(warmup_steps: int, total_steps: int, schedule: str) -> Any:
+def warmup_lambda(warmup_steps: int, total_steps: int, schedule: str) -> Callable[[int], float]:
     """LR multiplier per scheduler step: linear warmup, then constant, linear or cosine decay to 0."""
 
     def fn(step: int) -> float:
@@ -213,7 +214,7 @@ class Learner:
         keep = valid & ~(flat[gids] if self.grpo.filter_zero_std else torch.zeros_like(valid))
         samples = [
             episode_sample(e, float(a))
-            for e, a, k in zip(episodes, adv.tolist(), keep.tolist(), strict=True)
+            for e, a, k in zip(episodes, tensor_list(adv, float), tensor_list(keep, bool), strict=True)
             if k
         ]
         metrics["adv/samples"] = float(len(samples))

@@ -14,6 +14,7 @@ import attrs
 import torch
 
 from mcprl_env import Episode
+from mcprl_train.typed_torch import tensor_list
 
 __all__ = ["MicroBatch", "Sample", "episode_sample", "micro_batch", "pack_indices", "without_first_token"]
 
@@ -98,7 +99,7 @@ class MicroBatch:
 def micro_batch(samples: list[Sample]) -> MicroBatch:
     return MicroBatch(
         samples=samples,
-        ids=[s.token_ids.tolist() for s in samples],
+        ids=[tensor_list(s.token_ids, int) for s in samples],
         seq_ids=torch.cat([torch.full((s.token_ids.numel(),), i) for i, s in enumerate(samples)]),
         mask=torch.cat([s.action_mask for s in samples]),
         adv=torch.cat([s.advantages for s in samples]),

@@ -10,9 +10,9 @@ import random
 from typing import Any, Literal
 
 import attrs
-import torch
 
 from mcprl_train.loop.task_stream import StreamPosition
+from mcprl_train.typed_torch import manual_seed
 
 __all__ = ["Stage", "TrainState", "sampler_seed", "seed_everything", "step_seed"]
 
@@ -59,7 +59,7 @@ class TrainState:
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
-    torch.manual_seed(seed)
+    manual_seed(seed)
 
 
 def sampler_seed(seed: int, step: int, rank: int) -> int:

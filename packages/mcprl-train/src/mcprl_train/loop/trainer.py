@@ -82,7 +82,9 @@ class Trainer:
         self.rank = collectives.rank()
         self.world = collectives.world_size()
         self.is_writer = self.rank == 0  # rank 0 alone writes the run directory
-        self.backend_factory = backend or (lambda source: build.torch_backend(config, source=source))
+        self.backend_factory: BackendFactory = backend or (
+            lambda source: build.torch_backend(config, source=source)
+        )
         self.extra_sinks = tuple(sinks)
         self.sinks = SinkGroup([])  # the run's sinks are built once the warm start's length is known
         self.hooks = hooks

@@ -32,6 +32,7 @@ from mcprl_policy import Layout, PackedForward, Policy, policy_forward
 from mcprl_train.config import OptimConfig
 from mcprl_train.errors import RatioHealthError
 from mcprl_train.loop.samples import Sample
+from mcprl_train.typed_torch import optimizer_step
 
 __all__ = ["CheckpointWriter", "TorchBackend", "UpdateBackend", "adamw"]
 
@@ -161,7 +162,7 @@ class TorchBackend:
         self._optimizer.zero_grad(set_to_none=True)
 
     def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        torch.autograd.backward(loss)
 
     def step(self) -> float:
         """Clip, step; returns the pre-clip gradient norm. A step with no gradient anywhere is an error.
@@ -178,7 +179,7 @@ class TorchBackend:
             self._optimizer.zero_grad(set_to_none=True)
             logger.warning("non_finite_gradient_skipped", grad_norm=norm)
             return norm
-        self._optimizer.step()
+        optimizer_step(self._optimizer)
         return norm
 
     def publish(self) -> None:

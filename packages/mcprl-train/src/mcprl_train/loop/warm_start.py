@@ -17,14 +17,18 @@ import attrs
 import structlog
 import torch
 
-from mcprl_env import Environment
+from mcprl_env import ChatTokenizer, Environment
 from mcprl_policy import Policy, policy_forward
 from mcprl_train.config import OptimConfig, SFTConfig
 from mcprl_train.loop.learner import warmup_lambda
 from mcprl_train.loop.samples import pack_indices, without_first_token
 from mcprl_train.loop.task_stream import IndexedTasks
+from mcprl_train.typed_torch import optimizer_step
 
 logger = structlog.get_logger()
+
+Demonstration = tuple[str, list[dict[str, Any]], bool]
+"""``(task_id, messages, succeeds)``: one warm-start demonstration (chat messages as JSON objects)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -40,7 +44,7 @@ class SFTExample:
 
 
 def render_example(
-    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None
+    tokenizer: ChatTokenizer, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None
 ) -> SFTExample:
     """Render a conversation with the chat template; the mask marks the assistant (generation) tokens.
 
@@ -72,8 +76,8 @@ def render_example(
 
 
 def render_demonstrations(
-    tokenizer: Any,
-    demos: Sequence[tuple[str, list[dict[str, Any]], bool]],
+    tokenizer: ChatTokenizer,
+    demos: Sequence[Demonstration],
     tasks: IndexedTasks,
     env: Environment,
 ) -> list[SFTExample]:
@@ -89,7 +93,7 @@ def render_demonstrations(
 
 def _weight(message: dict[str, Any]) -> int:
     weight = message.get("weight", 1)
-    if weight not in (0, 1) or isinstance(weight, bool):
+    if isinstance(weight, bool) or weight not in (0, 1):
         raise ValueError(f"an assistant message's weight must be 0 or 1, got {weight!r}")
     return int(weight)
 
@@ -179,7 +183,7 @@ class SFTStage:
             )
             lp = out.logprobs.float()
             loss = -(lp * mask).sum() / total
-            loss.backward()
+            torch.autograd.backward(loss)
             loss_sum += float(loss.detach()) * total
             # A target is "right" when the model gives it > 1/2 probability (then it is also its argmax).
             correct += float(((lp > math.log(0.5)).float() * mask).sum())
@@ -188,7 +192,7 @@ class SFTStage:
                 [p for g in self.optimizer.param_groups for p in g["params"]], self.config.max_grad_norm
             )
         )
-        self.optimizer.step()
+        optimizer_step(self.optimizer)
         self.scheduler.step()
         self.step += 1
         return {

@@ -31,7 +31,7 @@ _HINT = "install the DeepSpeed extra: pip install 'mcprl-train[deepspeed]' (or u
 def require_deepspeed() -> ModuleType:
     """Import DeepSpeed or fail with the install command."""
     try:
-        import deepspeed
+        import deepspeed  # pyright: ignore[reportMissingTypeStubs]  # DeepSpeed ships no type hints
     except ImportError as exc:
         raise DistributedError(f"distributed.backend=deepspeed needs DeepSpeed: {_HINT}") from exc
     return deepspeed
@@ -89,7 +89,7 @@ def _skip_cpu_shm_comm_op() -> None:
     whenever the compiler command line changes); it only speeds up intra-node CPU all-reduce, which CPU runs
     (tests, development) do not need. ``MCPRL_DS_SHM_COMM=1`` keeps it.
     """
-    import deepspeed.ops
+    import deepspeed.ops  # pyright: ignore[reportMissingTypeStubs]
 
     compatible: dict[str, bool] = deepspeed.ops.__compatible_ops__
     compatible["deepspeed_shm_comm"] = False

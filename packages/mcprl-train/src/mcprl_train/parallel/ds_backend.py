@@ -53,6 +53,7 @@ from mcprl_train.errors import DistributedError
 from mcprl_train.loop.samples import Sample
 from mcprl_train.loop.update import CheckpointWriter, adamw
 from mcprl_train.parallel.deepspeed import deepspeed_config, require_deepspeed
+from mcprl_train.typed_torch import tensor_list
 
 __all__ = [
     "ENGINE_TAG",
@@ -237,7 +238,7 @@ class DeepSpeedBackend:
             [logit_chunks([int(s.token_ids.numel()) for s in b], self.chunk_size) for b in batches],
             dtype=torch.float64,
         )
-        targets = collectives.all_reduce_tensor(chunks, "max").long().tolist()
+        targets = tensor_list(collectives.all_reduce_tensor(chunks, "max").long(), int)
         padded = [
             pad_to_chunks(b, int(t), self.chunk_size, self.filler_token)
             for b, t in zip(batches, targets, strict=True)

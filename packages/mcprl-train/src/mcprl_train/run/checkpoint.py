@@ -108,7 +108,7 @@ class Checkpoint:
     path: Path
     step: int
     meta: dict[str, Any]
-    skipped: dict[str, str] = attrs.field(factory=dict)
+    skipped: dict[str, str] = attrs.field(factory=dict[str, str])
 
     def subdir(self, name: str) -> Path:
         """The directory a writer filled (e.g. ``"policy"``)."""
@@ -117,7 +117,7 @@ class Checkpoint:
     def has_state(self, name: str) -> bool:
         return (self.path / f"{name}.pt").is_file()
 
-    def state(self, name: str, *, map_location: str | torch.device = "cpu") -> Any:
+    def state(self, name: str, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:
         """A state dict saved under ``name`` (tensors on ``map_location``).
 
         Raises:

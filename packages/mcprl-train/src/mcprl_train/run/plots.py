@@ -12,6 +12,9 @@
 A figure is written only when its metrics exist; the function returns the paths it wrote.
 """
 
+# matplotlib leaves the **kwargs of its Axes/Figure methods unannotated, so every call is partially Unknown.
+# pyright: reportUnknownMemberType=false
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -8,7 +8,6 @@ no-op, so logs written to files or CI stay plain JSON lines. The per-step summar
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -69,7 +68,7 @@ class RunProgress:
             self._progress.remove_task(self._stage)
         self._stage = self._progress.add_task(description, total=total, completed=completed)
 
-    def step_done(self, **fields: Any) -> None:
+    def step_done(self) -> None:
         """Advance the stage bar by one step."""
         if self._progress is not None and self._stage is not None:
             self._progress.advance(self._stage)

@@ -38,11 +38,12 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import structlog
 
+from mcprl_train.config.layers import is_dict
 from mcprl_train.errors import RunDirError
 from mcprl_train.run.checkpoint import CheckpointManager, fsync_dir
 
@@ -83,8 +84,8 @@ class RewindReport:
     """What `RunDir.rewind` removed from the logs."""
 
     step: int
-    torn_lines: dict[str, str] = attrs.field(factory=dict)
-    dropped: dict[str, int] = attrs.field(factory=dict)
+    torn_lines: dict[str, str] = attrs.field(factory=dict[str, str])
+    dropped: dict[str, int] = attrs.field(factory=dict[str, int])
 
     @property
     def clean(self) -> bool:
@@ -109,7 +110,7 @@ def read_jsonl(path: Path) -> JsonlReadResult:
             value = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
             value = None
-        if isinstance(value, dict):
+        if is_dict(value):
             records.append(value)
         else:
             bad.append(number)
@@ -298,14 +299,14 @@ def _dump(record: Mapping[str, Any]) -> str:
     return json.dumps(record, separators=(",", ":"), default=_json_default, allow_nan=True) + "\n"
 
 
-def _json_default(value: Any) -> Any:
+def _json_default(value: object) -> object:
     item = getattr(value, "item", None)  # numpy / torch scalars
     if callable(item):
         return item()
     if attrs.has(type(value)):
         return attrs.asdict(value)
     if isinstance(value, set | frozenset | tuple):
-        return list(value)
+        return list(cast("Iterable[object]", value))
     return str(value)
 
 

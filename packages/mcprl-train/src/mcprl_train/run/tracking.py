@@ -45,7 +45,9 @@ class _JsonLinesTee:
     def __init__(self, handle: IO[str]) -> None:
         self.handle = handle
 
-    def __call__(self, _logger: Any, _name: str, event_dict: structlog.typing.EventDict) -> Any:
+    def __call__(
+        self, _logger: structlog.typing.WrappedLogger, _name: str, event_dict: structlog.typing.EventDict
+    ) -> structlog.typing.EventDict:
         self.handle.write(json.dumps(event_dict, default=str) + "\n")
         self.handle.flush()
         return event_dict
@@ -69,7 +71,7 @@ def configure_logging(
         _log_file.close()
         _log_file = None
     use_json = (not sys.stderr.isatty()) if json_output is None else json_output
-    processors: list[Any] = [
+    processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
