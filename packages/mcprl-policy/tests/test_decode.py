@@ -10,9 +10,9 @@ each tensor the engine builds, which must be the model's. `test_hf_sampler.py` r
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -70,7 +70,7 @@ def _run_two_turns(engine: DecodeEngine, tokenizer: Any) -> None:
 class _RecordingGenerator(torch.Generator):
     """A CPU generator that remembers which device it was asked for (``None``: no device given)."""
 
-    requested: dict[int, torch.device | None] = {}
+    requested: ClassVar[dict[int, torch.device | None]] = {}
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         super().__init__()
@@ -78,7 +78,7 @@ class _RecordingGenerator(torch.Generator):
 
 
 @pytest.fixture
-def recorded_generators(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[torch.device, Any]]]:
+def recorded_generators(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.device, Any]]:
     """Generators made through ``torch.Generator``; each ``multinomial`` call's (probs device, generator)."""
     _RecordingGenerator.requested = {}
     draws: list[tuple[torch.device, Any]] = []
@@ -90,7 +90,7 @@ def recorded_generators(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[
 
     monkeypatch.setattr(torch, "Generator", _RecordingGenerator)
     monkeypatch.setattr(torch, "multinomial", spy)
-    yield draws
+    return draws
 
 
 def test_every_draw_uses_a_generator_made_for_the_probabilities_device(
