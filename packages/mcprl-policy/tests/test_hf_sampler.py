@@ -299,3 +299,30 @@ def test_without_a_prefix_cache_every_turn_is_prefilled_whole(policy: Policy) ->
     )
     assert sampler.engine.stats.prefix_hits == 0
     assert len(sampler.engine.prefix) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=1.0, top_p=0.9, seed=7), SamplingParams(temperature=0.0)]
+)
+def test_sampler_runs_on_cuda_reproducibly_with_the_learners_logprobs(
+    tiny_dir: Path, params: SamplingParams
+) -> None:
+    policy = Policy.from_pretrained(str(tiny_dir), device="cuda")
+    assert policy.device.type == "cuda"
+    prompts = _prompts(policy, 4)
+    runs = [
+        anyio.run(_sample_all, HFSampler(policy, params, prefix_cache_mb=64), prompts, [10] * 4)
+        for _ in range(2)
+    ]
+    assert [c.token_ids for c in runs[0]] == [c.token_ids for c in runs[1]]  # same seed, same tokens
+    with torch.no_grad():
+        out = policy.forward_packed(
+            [p + c.token_ids for p, c in zip(prompts, runs[0], strict=True)],
+            temperature=params.logprob_temperature,
+        )
+    for prompt, completion, logprobs in zip(prompts, runs[0], out.split("logprobs"), strict=True):
+        torch.testing.assert_close(
+            logprobs[len(prompt) :].cpu(), torch.tensor(completion.logprobs), atol=2e-3, rtol=0.0
+        )

@@ -75,6 +75,9 @@ class DecodeEngine:
         max_batch_size: most rows generated together.
         decode: token ids → text (for stop strings).
         prefix_cache_bytes: Budget of the cross-turn prefix cache (0: every prompt is prefilled whole).
+        vocab_limit: ids ``>= vocab_limit`` are never sampled and the reported logprobs are normalised over
+            ``[0, vocab_limit)`` (`Policy.vocab_limit`: the ids the tokenizer can decode); ``None``: every
+            row of the output embedding.
     """
 
     def __init__(
@@ -87,8 +90,12 @@ class DecodeEngine:
         max_batch_size: int,
         decode: Callable[[list[int]], str],
         prefix_cache_bytes: int = 0,
+        vocab_limit: int | None = None,
     ) -> None:
+        if vocab_limit is not None and vocab_limit < 1:
+            raise ValueError(f"vocab_limit must be >= 1, got {vocab_limit}")
         self.model = model
+        self.vocab_limit = vocab_limit
         self.prefix = PrefixCache(prefix_cache_bytes)
         self.params = params
         self.stop_token_ids = stop_token_ids
@@ -97,21 +104,37 @@ class DecodeEngine:
         self.decode = decode
         self.pending: deque[DecodeRequest] = deque()
         self.stats = DecodeStats()
-        self._generator = torch.Generator()
-        if params.seed is not None:
-            self._generator.manual_seed(params.seed)
-        else:
-            self._generator.seed()
+        # One generator per device sampled on: torch.multinomial needs its generator on the probabilities'
+        # device, and the model may move after the engine is built.
+        self._generators: dict[torch.device, torch.Generator] = {}
         self._stop_window = max((len(s) for s in params.stop), default=0) + 8
         self._reset()
 
     def _reset(self) -> None:
+        device = self.device
         self._rows: list[DecodeRequest] = []
         self._cache: Any = None
-        self._mask = torch.zeros(0, 0, dtype=torch.long)
-        self._positions = torch.zeros(0, dtype=torch.long)
-        self._last = torch.zeros(0, dtype=torch.long)
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=device)
+        self._positions = torch.zeros(0, dtype=torch.long, device=device)
+        self._last = torch.zeros(0, dtype=torch.long, device=device)
         self._seen: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device (of its first parameter): every tensor and generator of the engine lives there."""
+        return next(self.model.parameters()).device
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """The engine's random generator on ``device``, made (and seeded with ``params.seed``) on first use."""
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = torch.Generator(device=device)
+            if self.params.seed is not None:
+                generator.manual_seed(self.params.seed)
+            else:
+                generator.seed()
+            self._generators[device] = generator
+        return generator
 
     @property
     def active(self) -> list[DecodeRequest]:
@@ -140,7 +163,7 @@ class DecodeEngine:
 
     def run_until_finished(self) -> list[DecodeRequest]:
         """Generate until at least one request finishes (returned) or nothing is left to do (``[]``)."""
-        device = next(self.model.parameters()).device
+        device = self.device
         if self.prefix.max_bytes:
             self.prefix.validate(weights_fingerprint(self.model))
         with torch.inference_mode(), _eval_mode(self.model):
@@ -185,27 +208,29 @@ class DecodeEngine:
     def _prefill(self, new: list[DecodeRequest], device: torch.device) -> _State:
         """Prefill whole prompts (left-padded) and sample each row's first token."""
         width = max(len(r.prompt_ids) for r in new)
-        ids = torch.full((len(new), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros(len(new), width, dtype=torch.long)
-        for i, request in enumerate(new):
-            n = len(request.prompt_ids)
-            ids[i, width - n :] = torch.tensor(request.prompt_ids, dtype=torch.long)
-            mask[i, width - n :] = 1
+        # Rows are padded in Python and copied to the device once (one host-to-device transfer per prefill).
+        pads = [width - len(r.prompt_ids) for r in new]
+        ids = torch.tensor(
+            [[self.pad_token_id] * k + r.prompt_ids for k, r in zip(pads, new, strict=True)],
+            dtype=torch.long,
+            device=device,
+        )
+        mask = torch.tensor([[0] * k + [1] * (width - k) for k in pads], dtype=torch.long, device=device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self._forward(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            position_ids=positions.to(device),
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
             past_key_values=DynamicCache(config=getattr(self.model, "config", None)),
         )
         self.stats.prefill_calls += 1
         self.stats.prefill_rows += len(new)
-        self.stats.prefill_tokens += int(mask.sum())
+        self.stats.prefill_tokens += sum(len(r.prompt_ids) for r in new)
         seen = None
         if self.params.repetition_penalty != 1.0:
             seen = torch.zeros(len(new), out.logits.shape[-1], dtype=torch.bool, device=device)
-            seen.scatter_(1, ids.to(device), True)
-        return self._started(new, out, mask.to(device), seen)
+            seen.scatter_(1, ids, True)
+        return self._started(new, out, mask, seen)
 
     def _prefill_cached(self, hits: list[tuple[DecodeRequest, CachedPrefix]], device: torch.device) -> _State:
         """Prefill only what follows each row's cached prefix.
@@ -217,25 +242,25 @@ class DecodeEngine:
         cached = max(p.length for _, p in hits)
         tails = [r.prompt_ids[p.length :] for r, p in hits]
         width = max(len(t) for t in tails)
-        ids = torch.full((len(hits), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros(len(hits), cached + width, dtype=torch.long)
-        positions = torch.zeros(len(hits), width, dtype=torch.long)
-        for i, ((_, prefix), tail) in enumerate(zip(hits, tails, strict=True)):
-            ids[i, width - len(tail) :] = torch.tensor(tail, dtype=torch.long)
-            mask[i, cached - prefix.length : cached] = 1
-            mask[i, cached + width - len(tail) :] = 1
-            positions[i, width - len(tail) :] = torch.arange(prefix.length, prefix.length + len(tail))
+        ids_rows: list[list[int]] = []
+        mask_rows: list[list[int]] = []
+        position_rows: list[list[int]] = []
+        for (_, prefix), tail in zip(hits, tails, strict=True):
+            pad = width - len(tail)
+            ids_rows.append([self.pad_token_id] * pad + tail)
+            mask_rows.append(
+                [0] * (cached - prefix.length) + [1] * prefix.length + [0] * pad + [1] * len(tail)
+            )
+            position_rows.append([0] * pad + list(range(prefix.length, prefix.length + len(tail))))
+        ids = torch.tensor(ids_rows, dtype=torch.long, device=device)
+        mask = torch.tensor(mask_rows, dtype=torch.long, device=device)
+        positions = torch.tensor(position_rows, dtype=torch.long, device=device)
         cache = DynamicCache(config=getattr(self.model, "config", None))
         for layer in range(len(hits[0][1].keys)):
             keys = torch.stack([_pad_left(p.keys[layer], cached, dim=1) for _, p in hits])
             values = torch.stack([_pad_left(p.values[layer], cached, dim=1) for _, p in hits])
             cache.update(keys.to(device), values.to(device), layer)
-        out = self._forward(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            position_ids=positions.to(device),
-            past_key_values=cache,
-        )
+        out = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
         self.stats.prefill_calls += 1
         self.stats.prefill_rows += len(hits)
         self.stats.prefill_tokens += sum(len(t) for t in tails)
@@ -246,7 +271,7 @@ class DecodeEngine:
             seen = torch.zeros(len(hits), out.logits.shape[-1], dtype=torch.bool, device=device)
             for i, request in enumerate(rows):
                 seen[i, torch.tensor(request.prompt_ids, device=device)] = True
-        return self._started(rows, out, mask.to(device), seen)
+        return self._started(rows, out, mask, seen)
 
     def _started(
         self, rows: list[DecodeRequest], out: Any, mask: torch.Tensor, seen: torch.Tensor | None
@@ -276,18 +301,23 @@ class DecodeEngine:
     def _choose(
         self, logits: torch.Tensor, rows: list[DecodeRequest], seen: torch.Tensor | None
     ) -> torch.Tensor:
-        """Pick one token per row; record it and its logprob (tempered, untruncated, unpenalised)."""
+        """Pick one token per row; record it and its logprob (tempered, untruncated, unpenalised).
+
+        Only ids below ``vocab_limit`` compete: the distribution sampled and reported is the softmax over
+        them, as `token_logprobs_and_entropy` recomputes it for training.
+        """
         p = self.params
-        logits = logits.float()
+        logits = logits[:, : self.vocab_limit].float()
         logp = F.log_softmax(logits / p.logprob_temperature, dim=-1)
         scores = logits
         if seen is not None:
             penalised = torch.where(scores > 0, scores / p.repetition_penalty, scores * p.repetition_penalty)
-            scores = torch.where(seen, penalised, scores)
+            scores = torch.where(seen[:, : scores.shape[-1]], penalised, scores)
         if p.greedy:
             tokens = scores.argmax(-1)
         else:
-            tokens = _sample(scores / p.temperature, top_k=p.top_k, top_p=p.top_p, generator=self._generator)
+            generator = self.generator(scores.device)
+            tokens = _sample(scores / p.temperature, top_k=p.top_k, top_p=p.top_p, generator=generator)
         chosen = logp.gather(-1, tokens[:, None]).squeeze(-1).tolist()
         for request, token, lp in zip(rows, tokens.tolist(), chosen, strict=True):
             request.token_ids.append(token)

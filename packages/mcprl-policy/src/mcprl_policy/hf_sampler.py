@@ -23,6 +23,7 @@ from mcprl_policy.config import SamplingParams
 from mcprl_policy.decode import DecodeEngine, DecodeRequest, end_of_turn_ids
 from mcprl_policy.errors import SamplerError
 from mcprl_policy.policy import Policy
+from mcprl_policy.vocab import embedding_rows
 
 __all__ = ["HFSampler"]
 
@@ -65,7 +66,8 @@ class HFSampler:
         self.max_batch_size = max_batch_size
         tokenizer = policy.tokenizer
         self._tokenizer = tokenizer
-        self._vocab_size = len(tokenizer)
+        # Prompts may hold any id the model can embed; sampled ids stay below policy.vocab_limit.
+        self._vocab_size = embedding_rows(policy.model)
         self.engine = DecodeEngine(
             policy.model,
             params=self.params,
@@ -74,6 +76,7 @@ class HFSampler:
             max_batch_size=max_batch_size,
             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
             prefix_cache_bytes=int(prefix_cache_mb * 2**20),
+            vocab_limit=policy.vocab_limit,
         )
         self._waiters: dict[int, _Waiter] = {}
 

@@ -14,7 +14,6 @@ from typing import Any, Literal
 
 import attrs
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -89,8 +88,9 @@ def token_logprobs_and_entropy(
     *,
     temperature: float = 1.0,
     chunk_size: int = 1024,
+    vocab_limit: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob of ``targets`` and entropy under ``softmax(lm_head(hidden) / temperature)``.
+    """Logprob of ``targets`` and entropy under ``softmax(lm_head(hidden)[:, :vocab_limit] / temperature)``.
 
     Args:
         hidden: ``(M, H)`` hidden states, row ``j`` predicting ``targets[j]``.
@@ -98,6 +98,9 @@ def token_logprobs_and_entropy(
         targets: ``(M,)`` token ids.
         temperature: divides the logits (> 0).
         chunk_size: rows per chunk; under autograd each chunk is recomputed in backward (checkpointing).
+        vocab_limit: the distribution's support is ids ``[0, vocab_limit)`` (`Policy.vocab_limit`, as the
+            samplers draw); ``None``: every output row. A target at or above it (only possible in a prompt)
+            gets ``logit - logZ`` over the support: finite, and never a sampled token's logprob.
 
     Returns:
         ``(M,)`` float32 logprobs and ``(M,)`` float32 entropies.
@@ -107,9 +110,11 @@ def token_logprobs_and_entropy(
 
     def chunk_stats(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = lm_head(h).float() / temperature
-        logp = F.log_softmax(logits, dim=-1)
+        support = logits[:, :vocab_limit]
+        log_z = torch.logsumexp(support, dim=-1)
+        logp = support - log_z[:, None]
         entropy = -(logp.exp() * logp).sum(-1)
-        return logp.gather(-1, t[:, None]).squeeze(-1), entropy
+        return logits.gather(-1, t[:, None]).squeeze(-1) - log_z, entropy
 
     logprobs, entropies = [], []
     for start in range(0, hidden.shape[0], chunk_size):
@@ -145,8 +150,12 @@ def packed_forward(
     temperature: float = 1.0,
     value_head: nn.Module | None = None,
     chunk_size: int = 1024,
+    vocab_limit: int | None = None,
 ) -> PackedForward:
-    """Run a causal LM (plain or peft-wrapped) once over packed ``sequences``; see `PackedForward`."""
+    """Run a causal LM (plain or peft-wrapped) once over packed ``sequences``; see `PackedForward`.
+
+    ``vocab_limit`` restricts the distribution to ids ``[0, vocab_limit)`` (see `token_logprobs_and_entropy`).
+    """
     device = next(model.parameters()).device
     batch = pack_sequences(sequences, device=device)
     check_token_ids(model, batch.input_ids)
@@ -167,6 +176,7 @@ def packed_forward(
         batch.input_ids[0, target_idx],
         temperature=temperature,
         chunk_size=chunk_size,
+        vocab_limit=vocab_limit,
     )
     logprobs = hidden.new_zeros(n, dtype=torch.float32).index_put((target_idx,), lp)
     entropies = hidden.new_zeros(n, dtype=torch.float32).index_put((target_idx,), ent)

@@ -58,6 +58,7 @@ def policy_forward(
                 value_head=policy.value_head if values else None,
                 chunk_size=policy.logits_chunk_size,
                 pad_token_id=int(policy.tokenizer.pad_token_id or 0),
+                vocab_limit=policy.vocab_limit,
             )
         case _:
             assert_never(layout)
@@ -71,6 +72,7 @@ def padded_forward(
     value_head: nn.Module | None = None,
     chunk_size: int = 1024,
     pad_token_id: int = 0,
+    vocab_limit: int | None = None,
 ) -> PackedForward:
     """`packed_forward`'s result computed over right-padded rows (see the module docstring).
 
@@ -81,6 +83,7 @@ def padded_forward(
         value_head: maps ``(M, H)`` hidden states to ``(M,)`` values; ``None`` computes no values.
         chunk_size: rows per logits chunk (see `token_logprobs_and_entropy`).
         pad_token_id: fills the rows past each sequence's end (masked out of attention).
+        vocab_limit: normalise over ids ``[0, vocab_limit)`` only (see `token_logprobs_and_entropy`).
     """
     device = next(model.parameters()).device
     lens = [len(s) for s in sequences]
@@ -100,7 +103,12 @@ def padded_forward(
     cols = torch.cat([torch.arange(1, n, device=device) for n in lens])
     source = hidden[rows, cols - 1]
     lp, ent = token_logprobs_and_entropy(
-        source, lm_head, ids[rows, cols], temperature=temperature, chunk_size=chunk_size
+        source,
+        lm_head,
+        ids[rows, cols],
+        temperature=temperature,
+        chunk_size=chunk_size,
+        vocab_limit=vocab_limit,
     )
     starts = torch.tensor([0, *lens[:-1]], device=device).cumsum(0)
     flat_idx = torch.cat([starts[r] + torch.arange(1, n, device=device) for r, n in enumerate(lens)])

@@ -18,6 +18,7 @@ from mcprl_policy.loading import load_model, load_tokenizer, resolve_model_path
 from mcprl_policy.lora import apply_lora
 from mcprl_policy.packed import PackedForward, packed_forward
 from mcprl_policy.value_head import VALUE_HEAD_FILE, ValueHead
+from mcprl_policy.vocab import vocab_limit
 
 __all__ = ["POLICY_META_FILE", "Policy"]
 
@@ -31,8 +32,11 @@ class Policy:
 
     Build with `Policy.from_pretrained`. Attributes: ``model`` (a transformers model, or a peft model when
     LoRA is on), ``tokenizer``, ``value_head`` (`ValueHead` or ``None``), ``lora`` (`LoraSettings` or
-    ``None``), ``quantization``, ``base_model`` (the directory or hub id the base weights came from) and
-    `logits_chunk_size`.
+    ``None``), ``quantization``, ``base_model`` (the directory or hub id the base weights came from),
+    `logits_chunk_size` and `vocab_limit`.
+
+    Raises:
+        ModelLoadError: the tokenizer has ids that the model's embedding cannot hold.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class Policy:
         self.lora = lora
         self.quantization = quantization
         self.logits_chunk_size = logits_chunk_size  # validated by the property's setter
+        self._vocab_limit = vocab_limit(tokenizer, model)
         if value_head is not None:
             value_head.to(self.device)
 
@@ -160,6 +165,16 @@ class Policy:
         self._logits_chunk_size = int(value)
 
     @property
+    def vocab_limit(self) -> int:
+        """Ids the policy emits: ``[0, vocab_limit)``, those the tokenizer decodes (`mcprl_policy.vocab`).
+
+        At most the embedding's rows (Qwen3: 151,669 of 151,936). Samplers never emit an id at or above it,
+        and the training forwards (`forward_packed`, `policy_forward`, `ReferencePolicy.logprobs`) normalise
+        logprobs and entropies over the same ids, so a sampled token's logprob equals its recomputation.
+        """
+        return self._vocab_limit
+
+    @property
     def device(self) -> torch.device:
         """Device of the model's first parameter."""
         return next(self.model.parameters()).device
@@ -216,6 +231,7 @@ class Policy:
             temperature=temperature,
             value_head=self.value_head if values else None,
             chunk_size=self.logits_chunk_size,
+            vocab_limit=self.vocab_limit,
         )
 
     def save_pretrained(self, directory: str | Path) -> Path:

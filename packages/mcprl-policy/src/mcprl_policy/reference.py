@@ -48,15 +48,19 @@ class ReferencePolicy:
     @torch.no_grad()
     def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> PackedForward:
         """Per-token reference logprobs and entropies of packed ``sequences`` (no values, no autograd)."""
-        chunk = self.policy.logits_chunk_size
+        chunk, limit = self.policy.logits_chunk_size, self.policy.vocab_limit
         if self.frozen is not None:
-            return packed_forward(self.frozen, sequences, temperature=temperature, chunk_size=chunk)
+            return packed_forward(
+                self.frozen, sequences, temperature=temperature, chunk_size=chunk, vocab_limit=limit
+            )
         model = self.policy.model
         was_training = model.training
         model.eval()
         try:
             with model.disable_adapter():  # pyright: ignore[reportCallIssue, reportAttributeAccessIssue]
-                return packed_forward(model, sequences, temperature=temperature, chunk_size=chunk)
+                return packed_forward(
+                    model, sequences, temperature=temperature, chunk_size=chunk, vocab_limit=limit
+                )
         finally:
             model.train(was_training)
 
