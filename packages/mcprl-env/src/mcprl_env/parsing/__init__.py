@@ -5,6 +5,7 @@ from mcprl_env.parsing.detect import (
     PROBE_CALL,
     PROBE_TOOL,
     detect_parser_family,
+    render_assistant_turn,
     render_probe_turn,
     resolve_parser,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "get_parser",
     "parser_families",
     "register_parser",
+    "render_assistant_turn",
     "render_probe_turn",
     "resolve_parser",
 ]

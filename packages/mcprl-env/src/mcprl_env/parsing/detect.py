@@ -9,15 +9,22 @@ turn is what the full rendering adds to the rendering up to the generation promp
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mcprl_env.errors import UnknownToolCallFormatError
-from mcprl_env.parsing.base import ToolCall, ToolCallParser
+from mcprl_env.parsing.base import ToolCall, ToolCallParser, ToolSchemas
 from mcprl_env.parsing.registry import AUTO, canonical_families, get_parser, parser_families
 from mcprl_env.protocols import ChatTokenizer
 
-__all__ = ["PROBE_CALL", "PROBE_TOOL", "detect_parser_family", "render_probe_turn", "resolve_parser"]
+__all__ = [
+    "PROBE_CALL",
+    "PROBE_TOOL",
+    "detect_parser_family",
+    "render_assistant_turn",
+    "render_probe_turn",
+    "resolve_parser",
+]
 
 PROBE_TOOL: dict[str, Any] = {
     "type": "function",
@@ -37,38 +44,61 @@ PROBE_CALL = ToolCall(name="mcprl_probe", arguments={"city": "Paris", "days": 3}
 """The call the probe's assistant turn makes; the right parser reads exactly this back."""
 
 
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def _turn_start(head: str, full: str) -> int:
+    if full.startswith(head):
+        return len(head)
+    # The generation prompt opens something the rendered turn does not (QwQ: "<think>\n" before a turn that
+    # starts "<tool_call>"): the turn starts after the last line or tag the two renderings share.
+    n = 0
+    while n < min(len(head), len(full)) and head[n] == full[n]:
+        n += 1
+    while n > 0 and full[n - 1] not in "\n>":
+        n -= 1
+    return n
 
 
-def render_probe_turn(tokenizer: ChatTokenizer, *, template_kwargs: Mapping[str, Any] | None = None) -> str:
-    """The probe's assistant turn as the template renders it, decoded without special tokens."""
+def render_assistant_turn(
+    tokenizer: ChatTokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: ToolSchemas | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """The last message of ``messages`` (an assistant turn) as the template renders it, read like a sample.
+
+    The turn is what rendering all of ``messages`` adds to rendering the ones before it with the generation
+    prompt; it is encoded and decoded with ``skip_special_tokens=True``, as a sampler's text is.
+    """
     kwargs = dict(template_kwargs or {})
-    user = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
-    assistant = {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "type": "function",
-                "function": {"name": PROBE_CALL.name, "arguments": dict(PROBE_CALL.arguments)},
-            }
-        ],
-    }
+    schemas = list(tools) if tools is not None else None
     head = tokenizer.apply_chat_template(
-        user, tools=[PROBE_TOOL], add_generation_prompt=True, tokenize=False, **kwargs
+        list(messages[:-1]), tools=schemas, add_generation_prompt=True, tokenize=False, **kwargs
     )
     full = tokenizer.apply_chat_template(
-        [*user, assistant], tools=[PROBE_TOOL], add_generation_prompt=False, tokenize=False, **kwargs
+        list(messages), tools=schemas, add_generation_prompt=False, tokenize=False, **kwargs
     )
     if not isinstance(head, str) or not isinstance(full, str):
         raise TypeError("apply_chat_template(tokenize=False) did not return text")
-    turn = full[_common_prefix(head, full) :]
+    turn = full[_turn_start(head, full) :]
     return tokenizer.decode(tokenizer.encode(turn, add_special_tokens=False), skip_special_tokens=True)
+
+
+def render_probe_turn(tokenizer: ChatTokenizer, *, template_kwargs: Mapping[str, Any] | None = None) -> str:
+    """The probe's assistant turn (one call of `PROBE_TOOL`) as the template renders it, without specials."""
+    messages = [
+        {"role": "user", "content": "What is the weather in Paris for 3 days?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {"name": PROBE_CALL.name, "arguments": dict(PROBE_CALL.arguments)},
+                }
+            ],
+        },
+    ]
+    return render_assistant_turn(tokenizer, messages, tools=[PROBE_TOOL], template_kwargs=template_kwargs)
 
 
 def detect_parser_family(
@@ -84,7 +114,11 @@ def detect_parser_family(
         UnknownToolCallFormatError: The template cannot render a tool call, or renders one no registered
             parser reads; the message names ``env.parser``.
     """
-    choose = f"set env.parser to one of {parser_families()} or register one with mcprl_env.register_parser"
+    families = [name for name, _ in canonical_families()]
+    choose = (
+        f"set env.parser to one of {families} (aliases: {parser_families()}) or register a parser with "
+        "mcprl_env.register_parser"
+    )
     try:
         turn = render_probe_turn(tokenizer, template_kwargs=template_kwargs)
     except Exception as exc:
