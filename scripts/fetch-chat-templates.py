@@ -87,7 +87,11 @@ def _extract(sdist: Path, into: Path) -> list[str]:
             if not member.isfile() or not member.name.startswith(MODELS):
                 continue
             rel = member.name[len(MODELS) :]
-            if rel.startswith("templates/") and rel.endswith(".jinja") and "/" not in rel[len("templates/") :]:
+            if (
+                rel.startswith("templates/")
+                and rel.endswith(".jinja")
+                and "/" not in rel[len("templates/") :]
+            ):
                 target = into / Path(rel).name
             elif rel == VOCAB:
                 target = into / VOCAB

@@ -13,8 +13,9 @@ value
 An argument's value is text; the template writes strings as they are, numbers and booleans with Jinja's
 ``string`` filter and objects and arrays as JSON. As in vLLM's ``qwen3_coder`` parser, the tool's schema decides
 what the text becomes: ``integer``/``number`` → a number, ``boolean`` → ``true``/``false`` (any case),
-``object``/``array`` → JSON, ``null`` → None; anything else, an argument the schema does not type, and text
-that does not convert stay a string (a type the tool rejects is then the model's error, reported by the
+``object``/``array`` → JSON, ``null`` → None (when the schema allows null); a type that allows strings
+(``["string", "integer"]``, ``anyOf``), anything else, an argument the schema does not type, and text that does
+not convert stay a string (a type the tool rejects is then the model's error, reported by the
 tool's argument validation).
 """
 
