@@ -55,7 +55,7 @@ def _types(schema: Mapping[str, Any] | None) -> list[str]:
     for key in ("anyOf", "oneOf"):
         for sub in schema.get(key) or []:
             if isinstance(sub, Mapping):
-                types.extend(_types(sub))  # pyright: ignore[reportUnknownArgumentType]
+                types.extend(_types(sub))
     return [str(t).lower() for t in types]
 
 
