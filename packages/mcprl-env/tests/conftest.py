@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from env_testkit import memory_manager
+from real_templates import fetch_templates
 
 from mcprl_env.testing import CharTokenizer
 from mcprl_tools import ToolManager
@@ -19,6 +20,15 @@ from mcprl_tools import ToolManager
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def chat_templates_dir() -> Path:
+    """The vendors' chat templates (scripts/fetch-chat-templates.py; fetched once per machine, then cached)."""
+    directory, why = fetch_templates()
+    if directory is None:
+        pytest.skip(f"real chat templates unavailable: {why}")
+    return directory
 
 
 @pytest.fixture

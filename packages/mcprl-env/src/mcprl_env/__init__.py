@@ -11,17 +11,22 @@ from mcprl_env.errors import (
     TaskValidationError,
     TemplateDriftError,
     ToolCallParseError,
+    UnknownToolCallFormatError,
 )
 from mcprl_env.loaders import TaskFormat, TaskSet, iter_tasks
 from mcprl_env.metrics import EpisodeStats, aggregate_metrics
 from mcprl_env.parsing import (
     HermesToolCallParser,
+    Llama3JsonToolCallParser,
     ParsedTurn,
+    QwenXmlToolCallParser,
     ToolCall,
     ToolCallParser,
+    detect_parser_family,
     get_parser,
     parser_families,
     register_parser,
+    resolve_parser,
 )
 from mcprl_env.protocols import ChatTokenizer, Completion, Sampler, ToolCaller, ToolOutcome, ToolSpecLike
 from mcprl_env.rewards import RewardContext, RewardFunction, combine_rewards, register_reward_function
@@ -56,10 +61,12 @@ __all__ = [
     "EpisodeStats",
     "ExactChecker",
     "HermesToolCallParser",
+    "Llama3JsonToolCallParser",
     "MessagePostedChecker",
     "NumericChecker",
     "ParseErrorKind",
     "ParsedTurn",
+    "QwenXmlToolCallParser",
     "RewardConfig",
     "RewardContext",
     "RewardFunction",
@@ -78,10 +85,12 @@ __all__ = [
     "ToolOutcome",
     "ToolSpecLike",
     "Transcript",
+    "UnknownToolCallFormatError",
     "aggregate_metrics",
     "check_outcome",
     "checker_from_dict",
     "combine_rewards",
+    "detect_parser_family",
     "episode_id_for",
     "extract_number",
     "get_parser",
@@ -91,6 +100,7 @@ __all__ = [
     "parser_families",
     "register_parser",
     "register_reward_function",
+    "resolve_parser",
     "run_episode",
     "task_from_dict",
 ]

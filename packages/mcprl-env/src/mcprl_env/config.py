@@ -55,6 +55,17 @@ class RewardConfig:
     invalid_call_cap: int = attrs.field(default=3, validator=attrs.validators.ge(1))
 
 
+def _check_parser(instance: object, attribute: object, value: str) -> None:
+    del instance, attribute
+    from mcprl_env.parsing import AUTO, parser_families
+
+    known = [AUTO, *parser_families()]
+    if value.lower() not in known:
+        near = difflib.get_close_matches(value.lower(), known, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else f"; known: {known}"
+        raise ConfigError(f"unknown tool-call parser family {value!r}{hint}")
+
+
 def _check_turns(instance: object, attribute: object, value: Mapping[str, int]) -> None:
     del instance, attribute
     if set(value) != set(_DIFFICULTIES):
@@ -80,7 +91,9 @@ class EnvConfig:
         max_calls_per_turn: Calls run per turn; further calls in the turn are answered with an error.
         max_consecutive_invalid: Turns in a row whose calls are all invalid before ``consecutive_invalid``.
         episode_timeout_s: Wall-clock limit of one episode (stop reason ``wall_clock``); None disables it.
-        parser: Tool-call parser family (`mcprl_env.get_parser`).
+        parser: Tool-call parser family (`mcprl_env.get_parser`: ``"hermes"``, ``"qwen3_coder"``,
+            ``"llama3_json"``, an alias such as ``"qwen3.5"``, or a registered one); ``"auto"`` (default)
+            recognises it from what the chat template renders (`mcprl_env.detect_parser_family`).
         on_template_drift: ``"raise"``: re-rendering that changes earlier text ends the episode invalid with a
             `TemplateDriftError`; ``"report"``: keep the sampled tokens, append the new suffix, count
             ``template_drift`` in the episode's metrics.
@@ -102,7 +115,7 @@ class EnvConfig:
     episode_timeout_s: float | None = attrs.field(
         default=300.0, validator=attrs.validators.optional(attrs.validators.gt(0.0))
     )
-    parser: str = "hermes"
+    parser: str = attrs.field(default="auto", validator=_check_parser)
     on_template_drift: Literal["raise", "report"] = attrs.field(
         default="raise", validator=attrs.validators.in_(("raise", "report"))
     )

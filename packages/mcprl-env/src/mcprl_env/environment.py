@@ -8,7 +8,7 @@ import anyio
 
 from mcprl_env.config import EnvConfig
 from mcprl_env.episode import Episode, EpisodeGroup
-from mcprl_env.parsing import ToolCallParser, get_parser
+from mcprl_env.parsing import ToolCallParser, resolve_parser
 from mcprl_env.protocols import ChatTokenizer, Sampler, ToolCaller
 from mcprl_env.rollout import ToolAccess, run_episode
 from mcprl_env.tasks import Task
@@ -37,7 +37,12 @@ class Environment:
         manager: Tool manager (an entered `mcprl_tools.ToolManager`, or anything satisfying `ToolCaller`).
         tokenizer: Chat tokenizer whose template renders tools and tool responses.
         config: Episode limits, parser family and reward weights.
-        parser: Tool-call parser (default: ``get_parser(config.parser)``).
+        parser: Tool-call parser (default: ``resolve_parser(config.parser, tokenizer)``: the family named by
+            ``config.parser``, or recognised from the chat template when it is ``"auto"``).
+
+    Raises:
+        UnknownToolCallFormatError: ``config.parser`` is ``"auto"`` and the template's tool-call format is not
+            recognised.
     """
 
     def __init__(
@@ -51,7 +56,13 @@ class Environment:
         self.manager = manager
         self.tokenizer = tokenizer
         self.config = config if config is not None else EnvConfig()
-        self.parser = parser if parser is not None else get_parser(self.config.parser)
+        self.parser = (
+            parser
+            if parser is not None
+            else resolve_parser(
+                self.config.parser, tokenizer, template_kwargs=self.config.chat_template_kwargs
+            )
+        )
         self._access_cache: dict[tuple[tuple[str, ...] | None, tuple[str, ...] | None], ToolAccess] = {}
 
     def tool_access(self, task: Task) -> ToolAccess:

@@ -16,6 +16,7 @@ __all__ = [
     "TaskValidationError",
     "TemplateDriftError",
     "ToolCallParseError",
+    "UnknownToolCallFormatError",
 ]
 
 ParseErrorKind = Literal[
@@ -23,6 +24,7 @@ ParseErrorKind = Literal[
     "unopened_tag",
     "nested_tag",
     "invalid_json",
+    "invalid_xml",
     "not_an_object",
     "missing_name",
     "invalid_name",
@@ -40,6 +42,10 @@ class EnvError(Exception):
 
 class ConfigError(EnvError, ValueError):
     """An invalid environment or reward configuration."""
+
+
+class UnknownToolCallFormatError(ConfigError):
+    """The chat template renders tool calls in no registered format (or none at all): set ``env.parser``."""
 
 
 class TaskValidationError(EnvError, ValueError):

@@ -127,7 +127,7 @@ class _Rollout:
             self.stats.turns += 1
             if completion.finish_reason == "length":
                 return _Stop("token_budget" if max_new == remaining else "sampler_length")
-            parsed = self.parser.parse(completion.text)
+            parsed = self.parser.parse(completion.text, tools=self.access.schemas)
             if parsed.is_final:
                 self.answer = parsed.answer
                 return _Stop("answer")

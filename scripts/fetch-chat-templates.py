@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Fetch the vendors' published chat templates (and the Qwen2/Qwen3 vocabulary) into a cache outside the repo.
+
+The llama-cpp-python source distribution on PyPI vendors llama.cpp, whose ``models/templates/*.jinja`` are
+chat templates exactly as the vendors publish them (Qwen3, Qwen3.5, Qwen3-Coder, Qwen2.5, Llama 3.x,
+Hermes 2/3, Mistral, ...) and whose ``models/ggml-vocab-qwen2.gguf`` is the Qwen2/Qwen3 vocabulary. This
+script downloads that sdist once with pip, checks its sha256, extracts only those files into
+``$MCPRL_CHAT_TEMPLATES_DIR`` or ``${XDG_CACHE_HOME:-~/.cache}/mcprl/chat-templates/<version>/`` and prints
+the directory. A second run finds the directory complete and prints it at once. The files are never committed.
+
+usage: scripts/fetch-chat-templates.py [--dir DIR]
+Exit status 0 prints the directory on stdout; anything else means the files could not be fetched (the
+reason is on stderr), and the tests that need them skip with that reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+VERSION = "0.3.36"
+SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
+MODELS = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/models/"
+VOCAB = "ggml-vocab-qwen2.gguf"
+MARKER = ".complete"
+
+
+def default_dir() -> Path:
+    """Where the files live unless ``--dir`` or ``MCPRL_CHAT_TEMPLATES_DIR`` says otherwise."""
+    env = os.environ.get("MCPRL_CHAT_TEMPLATES_DIR")
+    if env:
+        return Path(env)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "mcprl" / "chat-templates" / VERSION
+
+
+def _pip() -> list[str]:
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"]
+    for name in ("pip3", "pip"):
+        found = shutil.which(name)
+        if found:
+            return [found]
+    raise RuntimeError("pip is not installed (neither `python -m pip` nor pip/pip3 on PATH)")
+
+
+def _download(into: Path) -> Path:
+    cmd = [
+        *_pip(),
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "--retries",
+        "1",
+        "--timeout",
+        "30",
+        "--disable-pip-version-check",
+        "-d",
+        str(into),
+        f"llama-cpp-python=={VERSION}",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    sdist = into / SDIST
+    if done.returncode != 0 or not sdist.is_file():
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"`{' '.join(cmd)}` failed: " + " | ".join(tail))
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    if digest != SHA256:
+        raise RuntimeError(f"{SDIST} has sha256 {digest}, expected {SHA256}")
+    return sdist
+
+
+def _extract(sdist: Path, into: Path) -> list[str]:
+    names: list[str] = []
+    with tarfile.open(sdist, "r:gz") as tar:
+        for member in tar:
+            if not member.isfile() or not member.name.startswith(MODELS):
+                continue
+            rel = member.name[len(MODELS) :]
+            if (
+                rel.startswith("templates/")
+                and rel.endswith(".jinja")
+                and "/" not in rel[len("templates/") :]
+            ):
+                target = into / Path(rel).name
+            elif rel == VOCAB:
+                target = into / VOCAB
+            else:
+                continue
+            source = tar.extractfile(member)
+            assert source is not None
+            target.write_bytes(source.read())
+            names.append(target.name)
+    return sorted(names)
+
+
+def fetch(directory: Path) -> Path:
+    """Make ``directory`` hold the templates and the vocabulary; idempotent."""
+    if (directory / MARKER).is_file():
+        return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="mcprl-chat-templates-", dir=directory.parent) as tmp:
+        staging = Path(tmp) / "files"
+        staging.mkdir()
+        names = _extract(_download(Path(tmp)), staging)
+        if not any(n.endswith(".jinja") for n in names):
+            raise RuntimeError(f"{SDIST} holds no {MODELS}templates/*.jinja")
+        (staging / MARKER).write_text("\n".join(names) + "\n")
+        try:
+            staging.rename(directory)
+        except OSError:
+            # Another process finished first (the rename is atomic, so its copy is complete) or a stale,
+            # incomplete directory is in the way.
+            if not (directory / MARKER).is_file():
+                shutil.rmtree(directory)
+                staging.rename(directory)
+    return directory
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, default=None, help="target directory (default: the cache)")
+    args = parser.parse_args()
+    try:
+        directory = fetch(args.dir or default_dir())
+    except (RuntimeError, OSError, tarfile.TarError) as exc:
+        print(f"fetch-chat-templates: {exc}", file=sys.stderr)
+        return 1
+    print(directory)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
