@@ -163,7 +163,7 @@ def test_plots_subcommand_writes_pngs(capsys: pytest.CaptureFixture[str], tmp_pa
     from mcprl_train.run.run_dir import RunDir
 
     run_dir = RunDir.create(Config.load(overrides=[f"run.output_dir={tmp_path}", "run.name=x"]))
-    run_dir.append_metrics(1, {"rollout/reward_mean": 0.5, "loss/kl": 0.1})
+    run_dir.write_metrics("grpo", 1, {"rollout/reward_mean": 0.5, "loss/kl": 0.1})
     assert main(["plots", str(run_dir.path)]) == 0
     assert {Path(p).name for p in capsys.readouterr().out.split()} == {"reward.png", "kl.png", "losses.png"}
     assert json.loads(run_dir.metrics_path.read_text())["step"] == 1

@@ -16,7 +16,8 @@ def _run_dir(tmp_path: Path) -> RunDir:
 def test_plots_are_pngs_for_every_metric_family_present(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path)
     for step in range(1, 6):
-        run_dir.append_metrics(
+        run_dir.write_metrics(
+            "grpo",
             step,
             {
                 "rollout/reward_mean": step / 10,
@@ -27,7 +28,7 @@ def test_plots_are_pngs_for_every_metric_family_present(tmp_path: Path) -> None:
             },
         )
         if step % 2 == 0:
-            run_dir.append_metrics(step, {"val/success_rate": 0.5, "val/reward_mean": 0.3}, kind="eval")
+            run_dir.write_metrics("eval", step, {"val/success_rate": 0.5, "val/reward_mean": 0.3})
     written = write_plots(run_dir)
     names = {p.name for p in written}
     assert names == {"reward.png", "success_rate.png", "kl.png", "losses.png", "eval.png"}

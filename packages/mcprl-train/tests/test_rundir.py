@@ -47,8 +47,8 @@ def test_default_run_name_is_profile_and_timestamp(tmp_path: Path) -> None:
 
 def test_metrics_and_trajectories_round_trip_with_run_and_step(tmp_path: Path) -> None:
     run_dir = RunDir.create(_config(tmp_path))
-    run_dir.append_metrics(1, {"loss/policy": 0.5, "reward/mean": 0.25})
-    run_dir.append_metrics(1, {"val/success_rate": 0.5}, kind="eval")
+    run_dir.write_metrics("grpo", 1, {"loss/policy": 0.5, "reward/mean": 0.25})
+    run_dir.write_metrics("eval", 1, {"val/success_rate": 0.5})
     assert run_dir.append_trajectories(1, _episodes(1)) == 3
     metrics = run_dir.read_metrics().records
     assert [(m["kind"], m["step"]) for m in metrics] == [("grpo", 1), ("eval", 1)]
@@ -94,7 +94,7 @@ def test_a_corrupt_middle_line_is_reported_separately(tmp_path: Path) -> None:
 def test_rewind_cuts_the_torn_line_and_drops_later_steps(tmp_path: Path) -> None:
     run_dir = RunDir.create(_config(tmp_path))
     for step in (1, 2, 3):
-        run_dir.append_metrics(step, {"reward/mean": float(step)})
+        run_dir.write_metrics("grpo", step, {"reward/mean": float(step)})
         run_dir.append_trajectories(step, _episodes(step))
     with run_dir.trajectories_path.open("a") as handle:
         handle.write('{"run": "r1", "step": 4, "episode_id": "s4-')
@@ -121,7 +121,7 @@ _HEAVY_APPENDER = textwrap.dedent(
     while True:
         step += 1
         run_dir.append_trajectories(step, [{"episode_id": f"e{i}", "text": payload} for i in range(16)])
-        run_dir.append_metrics(step, {"reward/mean": 1.0})
+        run_dir.write_metrics("grpo", step, {"reward/mean": 1.0})
         if step == 5:
             print("APPENDED", flush=True)
     """

@@ -1,21 +1,9 @@
 """Where the learner's update runs: the `UpdateBackend` seam and its one-process implementation.
 
-The learner (`mcprl_train.loop.learner`) owns what an update computes — targets, packing, the PPO/GRPO loss,
-the schedule, the ratio-health check. A backend owns where the trained model lives and how one optimizer step
-happens there:
-
-- `forward` / `zero_grad` / `backward` / `step`: the training forward over packed micro-batches, gradient
-  accumulation, and one clipped optimizer step returning the pre-clip gradient norm;
-- `lay_out`: the micro-batches as this backend must run them (the same ones in one process; with ZeRO-3 every
-  rank tops its list up so all ranks make the same module calls);
-- `sampling_policy` / `publish`: the weights the samplers and the evaluation read, and making the newest
-  trained weights visible there (a no-op when they read the trained model itself);
-- `state_dict`, `save_partitions` / `load_partitions`, `checkpoint_meta`: what a checkpoint holds beyond the
-  policy's files.
-
-`TorchBackend` is the one-process backend (CPU, one GPU, MPS); `mcprl_train.parallel.ds_backend` holds the
-DeepSpeed one. Reductions over ranks go through `mcprl_train.collectives`, which are the identity in one
-process, so the learner has no special case for either.
+The learner (`mcprl_train.loop.learner`) owns what an update computes; a backend owns where the trained model
+lives, how an optimizer step happens there, which weights the samplers read and what a checkpoint holds beyond
+the policy's files. `TorchBackend` is this process (CPU, one GPU, MPS); `mcprl_train.parallel.ds_backend` is
+DeepSpeed. Reductions over ranks go through `mcprl_train.collectives` (the identity in one process).
 """
 
 from __future__ import annotations

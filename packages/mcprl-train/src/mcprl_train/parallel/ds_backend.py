@@ -1,35 +1,19 @@
 """The DeepSpeed update backend: the learner's update on a ZeRO engine, data-parallel over ranks.
 
-`DeepSpeedBackend` implements `mcprl_train.loop.update.UpdateBackend`; the learner's math is unchanged. What
-data parallelism changes is here:
+`DeepSpeedBackend` implements `mcprl_train.loop.update.UpdateBackend` (the packages README's "DeepSpeed"
+section describes the whole path):
 
-- **The model lives in a DeepSpeed engine** (``deepspeed.initialize`` with the config generated from
-  ``distributed``: ZeRO stage, bf16, clipping). A torch AdamW is handed to the engine
-  (DeepSpeed's own optimizers are JIT-compiled on first use); the engine does backward (``engine.backward``),
-  the gradient reduction, clipping and the optimizer step (``engine.step``).
-- **One objective over all ranks.** The learner sums a minibatch's loss normaliser over the ranks; each
-  rank's loss is multiplied by the world size here, undoing DeepSpeed's gradient averaging: the update is the
-  one a single process would make on every rank's samples together (up to packing and float summation
-  order). Advantages are per task group and a group never spans ranks (`mcprl_train.collectives.shard`), so
-  they need no communication.
-- **Two copies of the policy per rank.** The trained one is partitioned by ZeRO-3 inside the engine; a full
-  *replica* (eval mode, no gradients) is what the samplers generate from (`sampling_policy`). `publish`
-  gathers the trained parameters (collective) into each rank's replica, so every rank samples from the
-  weights just trained, and no ZeRO collective is needed while generating or evaluating.
-- **Every rank runs the same forward passes.** Under ZeRO-3 each module call all-gathers that module's
-  parameter shards collectively, so the ranks must make the same module calls in the same order. Before an
-  update the ranks agree on the number of micro-batches (the largest) and, per micro-batch, on the number of
-  logits chunks (the output head is called once per chunk of `Policy.logits_chunk_size` rows, forward and
-  again in the recomputing backward); a rank tops its micro-batches up with filler sequences whose action
-  mask is empty (they add no loss, only the collective calls). A rank with no sample at all still takes
-  part with filler micro-batches; when no rank has a sample the update is skipped everywhere.
-- **Checkpoints** of the partitioned parameters and optimizer states go through ``engine.save_checkpoint`` /
-  ``engine.load_checkpoint`` (one file per rank, staged next to the checkpoints, moved in as ``engine/`` by
-  rank 0); the replica's full weights are the checkpoint's ``policy/`` (loadable by ``mcprl-train eval`` and
-  by a one-process run). Resuming needs the same number of ranks.
-
-Not under DeepSpeed: LoRA (the full model trains) and the SFT warm start (run it in one process first);
-`mcprl_train.build.update_backend` refuses both with the way out.
+- The trained policy lives in a DeepSpeed engine (a torch AdamW handed to ``deepspeed.initialize``); each
+  rank's loss is multiplied by the world size, undoing the engine's gradient averaging, while the learner sums
+  the loss normaliser over the ranks: one update equals a single process's update on every rank's samples.
+- A full *replica* per rank is what the samplers read (`sampling_policy`); `publish` gathers the trained
+  parameters into it (collective), so generating and evaluating need no ZeRO collective.
+- Under ZeRO-3 every module call all-gathers parameters, so `lay_out` makes the ranks agree on the number of
+  micro-batches and, per micro-batch, of logits chunks (the output head runs once per
+  `Policy.logits_chunk_size` rows), topping up with filler sequences whose action mask is empty.
+- A checkpoint holds the replica's full weights as ``policy/`` and every rank's engine partition (parameters,
+  optimizer states) as ``engine/``, staged next to the checkpoints and moved in by rank 0. Resuming needs the
+  same number of ranks.
 
 Every public method that touches the engine is collective: all ranks call it together.
 """

@@ -16,7 +16,7 @@ API (used by `mcprl_train.loop.trainer.Trainer`; `RunDir` is a `mcprl_train.run.
 - ``RunDir.create(config)`` — a new run under ``config.run.output_dir`` named ``config.run.name`` (or a
   timestamped name); refuses a directory that already holds a run. Writes ``config.yaml``.
 - ``RunDir.open(path)`` — an existing run (resume, eval, plots); ``run_dir.load_config()`` reads it back.
-- ``run_dir.append_metrics(step, metrics, kind="grpo")`` — one line, flushed and fsynced.
+- ``run_dir.write_metrics(kind, step, record)`` — one line, flushed and fsynced.
 - ``run_dir.append_trajectories(step, records)`` — a batch of episode dicts (each with ``episode_id``) in one
   write + flush + fsync; records whose ``(run, step, episode_id)`` was already written are dropped.
 - ``write_metrics`` / ``write_episodes`` / ``write_summary`` — the sink protocol: the two appends above and
@@ -208,22 +208,28 @@ class RunDir:
 
         return Config.load(profile=None, config_file=self.config_path)
 
-    # -- appends --------------------------------------------------------------------------------------------
+    # -- the sink protocol (`mcprl_train.run.sinks.MetricsSink`) --------------------------------------------
 
-    def append_metrics(self, step: int, metrics: Mapping[str, Any], *, kind: str = "grpo") -> None:
-        """Append one metrics record (``kind``: ``grpo``, ``sft``, ``eval``...) and fsync it."""
-        record = {"run": self.name, "kind": kind, "step": int(step), "time": time.time(), **metrics}
-        _append_lines(self.metrics_path, [record])
+    def write_metrics(self, kind: MetricKind, step: int, record: Record) -> None:
+        """Append one metrics record (``kind``: ``grpo``, ``sft``, ``eval``) and fsync it."""
+        _append_lines(
+            self.metrics_path,
+            [{"run": self.name, "kind": kind, "step": int(step), "time": time.time(), **record}],
+        )
 
-    def append_trajectories(self, step: int, records: Iterable[Mapping[str, Any]]) -> int:
+    def write_episodes(self, step: int, episodes: Sequence[Mapping[str, object]]) -> None:
+        """The step's episodes in one write, fsynced, duplicates dropped (`append_trajectories`)."""
+        self.append_trajectories(step, episodes)
+
+    def append_trajectories(self, step: int, episodes: Iterable[Mapping[str, object]]) -> int:
         """Append episode records of ``step`` in one write + fsync; returns how many were new.
 
         Each record needs an ``episode_id``; ``run`` and ``step`` are filled in. A record whose
         ``(run, step, episode_id)`` is already in the file is dropped (resume never duplicates an episode).
         """
         seen = self._seen()
-        fresh: list[dict[str, Any]] = []
-        for record in records:
+        fresh: list[dict[str, object]] = []
+        for record in episodes:
             if "episode_id" not in record:
                 raise RunDirError(f"trajectory record without 'episode_id': keys {sorted(record)}")
             key = (self.name, int(step), str(record["episode_id"]))
@@ -234,16 +240,6 @@ class RunDir:
         if fresh:
             _append_lines(self.trajectories_path, fresh)
         return len(fresh)
-
-    # -- the sink protocol (`mcprl_train.run.sinks.MetricsSink`) --------------------------------------------
-
-    def write_metrics(self, kind: MetricKind, step: int, record: Record) -> None:
-        """`append_metrics`: one ``metrics.jsonl`` line, fsynced."""
-        self.append_metrics(step, record, kind=kind)
-
-    def write_episodes(self, step: int, episodes: Sequence[Mapping[str, object]]) -> None:
-        """`append_trajectories`: the step's episodes in one write, fsynced, duplicates dropped."""
-        self.append_trajectories(step, episodes)
 
     def write_summary(self, summary: Mapping[str, object]) -> None:
         """``summary.json``, written atomically (temp file + fsync + rename)."""
