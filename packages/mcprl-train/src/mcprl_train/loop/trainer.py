@@ -143,7 +143,7 @@ class Trainer:
                     policy=self.policy, sft=cfg.sft, optim=cfg.optim, examples=examples, seed=cfg.run.seed
                 )
             if self.is_writer:
-                console = ConsoleSink(cfg, sft_steps=self.sft_total_steps() if self.sft else None)
+                console = ConsoleSink(cfg, sft_steps=self.sft.total_steps if self.sft else None)
                 self.sinks = SinkGroup([self.run_dir, console, *self.extra_sinks])
             if self.resume:
                 self.restore(loaded)
@@ -210,7 +210,7 @@ class Trainer:
         """Supervised steps on the demonstrations until `sft.steps` (or `sft.epochs`, or `sft.max_time_s`)."""
         assert self.sft is not None
         cfg = self.config.sft
-        total = self.sft_total_steps()
+        total = self.sft.total_steps
         self.progress.stage("warm start (SFT)", total=total, completed=self.state.sft_step)
         while self.state.sft_step < total:
             if cfg.max_time_s is not None and self.elapsed() >= cfg.max_time_s:
@@ -227,14 +227,6 @@ class Trainer:
             self.progress.step_done()
             if cfg.eval_every and self.state.sft_step % cfg.eval_every == 0 and self.state.sft_step < total:
                 await self.evaluate("sft")
-
-    def sft_total_steps(self) -> int:
-        assert self.sft is not None
-        cfg = self.config.sft
-        if cfg.steps is not None:
-            return int(cfg.steps)
-        per_epoch = -(-len(self.sft.examples) // cfg.batch_size)
-        return per_epoch * cfg.epochs
 
     async def grpo_step(self) -> dict[str, float]:
         """Collect `tasks_per_step` groups (back-filling zero-variance ones), learn, sync the sampler.

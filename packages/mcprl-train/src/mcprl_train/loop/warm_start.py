@@ -151,6 +151,13 @@ class SFTStage:
         self.step = 0
         self.epoch = 0
 
+    @property
+    def total_steps(self) -> int:
+        """The stage's length: ``sft.steps``, or ``sft.epochs`` passes over the demonstrations."""
+        if self.config.steps is not None:
+            return self.config.steps
+        return -(-len(self.examples) // self.config.batch_size) * self.config.epochs
+
     def next_batch(self) -> list[SFTExample]:
         batch: list[SFTExample] = []
         while len(batch) < self.config.batch_size:

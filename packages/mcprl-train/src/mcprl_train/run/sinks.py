@@ -76,7 +76,7 @@ class ConsoleSink:
 
     Args:
         config: The resolved config (``run.steps`` is the GRPO length shown as ``step=k/N``).
-        sft_steps: The warm start's length (``Trainer.sft_total_steps()``); defaults to ``sft.steps``, which
+        sft_steps: The warm start's length (``SFTStage.total_steps``); defaults to ``sft.steps``, which
             is null when the warm start runs by epochs: then the trainer must pass the length it computed
             from the demonstrations.
 
