@@ -194,12 +194,10 @@ class TasksConfig:
         train: Path of the training tasks, or ``preset:<name>`` for a bundled `mcprl_tasks` set.
         validation: Path of the validation tasks, or ``preset:<name>`` for that preset's validation split;
             None disables evaluation.
-        shuffle_buffer: Size of the streaming shuffle buffer (1 = file order).
     """
 
     train: str = attrs.field(default="preset:default", validator=v.min_len(1))
     validation: str | None = "preset:default"
-    shuffle_buffer: int = attrs.field(default=1024, validator=v.ge(1))
 
 
 @attrs.frozen(kw_only=True)

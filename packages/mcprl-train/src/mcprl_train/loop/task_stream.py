@@ -16,7 +16,7 @@ from mcprl_env import Task
 
 
 class IndexedTasks(Protocol):
-    """Random access into a task set (satisfied by `mcprl_env.TaskSet` and `TaskList`)."""
+    """Random access into a task set (satisfied by `mcprl_env.TaskSet`)."""
 
     def __len__(self) -> int: ...
     def task_at(self, index: int) -> Task: ...
@@ -83,23 +83,3 @@ class TaskStream:
             out.append(task)
         self.position = pos
         return out
-
-
-class TaskList:
-    """An in-memory task list with the `IndexedTasks` interface (validation sets, tests)."""
-
-    def __init__(self, tasks: Sequence[Task]) -> None:
-        self._tasks = list(tasks)
-
-    def __len__(self) -> int:
-        return len(self._tasks)
-
-    def task_at(self, index: int) -> Task:
-        return self._tasks[index]
-
-    def epoch_order(self, epoch: int, *, seed: int) -> list[int]:
-        import random
-
-        order = list(range(len(self._tasks)))
-        random.Random(f"{seed}:{epoch}").shuffle(order)
-        return order
