@@ -14,20 +14,16 @@ returns exactly 0 for them (not a rounding residue), `zero_variance_groups` find
 
 from __future__ import annotations
 
-from typing import Literal, assert_never
+from typing import assert_never
 
 import torch
 
 from mcprl_grpo._checks import as_mask, check_float, check_ndim, check_non_negative
 from mcprl_grpo._groups import group_rewards
 from mcprl_grpo._segments import segments
+from mcprl_grpo.choices import Estimator as Estimator
+from mcprl_grpo.choices import Scale as Scale
 from mcprl_grpo.errors import ShapeError
-
-Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
-"""Outcome advantage estimators; see `group_advantages`."""
-
-Scale = Literal["group", "batch", "none"]
-"""Divisor applied after centring: group std, batch std, or nothing."""
 
 _DEFAULT_SCALE: dict[str, Scale] = {
     "grpo": "group",

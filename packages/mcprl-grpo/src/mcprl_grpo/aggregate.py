@@ -9,18 +9,14 @@ whatever the split.
 
 from __future__ import annotations
 
-from typing import Literal, assert_never
+from typing import assert_never
 
 import torch
 
 from mcprl_grpo._checks import as_float, as_mask, check_float, check_positive
 from mcprl_grpo._segments import segment_sum, segments
+from mcprl_grpo.choices import AggregationMode as AggregationMode
 from mcprl_grpo.errors import ArgumentError
-
-AggregationMode = Literal[
-    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
-]
-"""How per-token losses become one scalar; see `aggregate_loss`."""
 
 
 def _denominator(local: torch.Tensor, normalizer: float | torch.Tensor | None) -> torch.Tensor:

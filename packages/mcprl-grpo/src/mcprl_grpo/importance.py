@@ -8,18 +8,14 @@ overflow nor reach a gradient.
 
 from __future__ import annotations
 
-from typing import Literal, assert_never
+from typing import assert_never
 
 import torch
 
 from mcprl_grpo._checks import as_float, as_mask, check_float, check_positive, check_same_shape
 from mcprl_grpo._segments import segment_sum, segments
-
-RatioLevel = Literal["token", "sequence"]
-"""``"token"``: PPO/GRPO per-token ratios; ``"sequence"``: GSPO length-normalised sequence ratios."""
-
-TISMode = Literal["truncate", "mask"]
-"""``"truncate"``: min(w, cap) (TIS); ``"mask"``: w if w <= cap else 0 (masked importance sampling)."""
+from mcprl_grpo.choices import RatioLevel as RatioLevel
+from mcprl_grpo.choices import TISMode as TISMode
 
 
 def log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

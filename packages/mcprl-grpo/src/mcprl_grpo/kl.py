@@ -13,14 +13,14 @@ All three are 0 when the two log-probabilities are equal. Token tensors are ``(B
 
 from __future__ import annotations
 
-from typing import Literal, assert_never
+from typing import assert_never
 
 import torch
 
 from mcprl_grpo._checks import as_float, as_mask, check_float, check_same_shape
-from mcprl_grpo.aggregate import AggregationMode, aggregate_loss
-
-KLEstimator = Literal["k1", "k2", "k3"]
+from mcprl_grpo.aggregate import aggregate_loss
+from mcprl_grpo.choices import AggregationMode
+from mcprl_grpo.choices import KLEstimator as KLEstimator
 
 
 def token_kl(

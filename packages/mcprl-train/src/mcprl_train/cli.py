@@ -53,9 +53,9 @@ _LIBRARY_ERRORS = (
 def _reported_errors() -> tuple[type[Exception], ...]:
     """The errors reported as one line: mcprl-train's, the loaded libraries' and the OS errors of a bad path.
 
-    A library's base error is looked up among the loaded modules instead of imported: importing mcprl-policy
-    or mcprl-grpo loads torch, which ``mcprl-train config`` does not need, and an error of a library that was
-    never imported cannot have been raised.
+    A library's base error is looked up among the loaded modules instead of imported: an error of a library
+    that was never imported cannot have been raised, and importing a library the subcommand did not need (the
+    MCP SDK behind mcprl-tools, for ``mcprl-train config``) would only slow the start.
     """
     errors: list[type[Exception]] = [TrainError, OSError]
     for module, name in _LIBRARY_ERRORS:

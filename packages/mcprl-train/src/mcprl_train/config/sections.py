@@ -12,9 +12,9 @@ from typing import Any, Literal
 import attrs
 from attrs import validators as v
 
-from mcprl_grpo import AggregationMode, KLEstimator
-from mcprl_grpo import Estimator as GroupEstimator
-from mcprl_policy import DType
+from mcprl_grpo.choices import AggregationMode, KLEstimator
+from mcprl_grpo.choices import Estimator as GroupEstimator
+from mcprl_policy.config import DType
 from mcprl_train.errors import ConfigError
 
 __all__ = [

@@ -32,8 +32,8 @@ from typing import Any
 import attrs
 import yaml
 
-from mcprl_env import EnvConfig
-from mcprl_policy import LoraSettings, Quantization, SamplingParams
+from mcprl_env.config import EnvConfig
+from mcprl_policy.config import LoraSettings, Quantization, SamplingParams
 from mcprl_train.config.layers import (
     deep_merge,
     is_dict,
