@@ -1,17 +1,11 @@
 """The training loop: warm start (SFT) → GRPO steps (collect → learn → sync) with evaluation and checkpoints.
 
-`Trainer(config, run_dir).run()` returns a summary dict. Resume (`resume=True`) restores the last complete
-checkpoint — weights, optimizer, scheduler, RNG states, task-stream position, stage and step — and syncs the
-sampler before the first rollout, so the next step equals the one an uninterrupted run would have taken.
-
-One trainer serves one process and every rank of a data-parallel run alike: it takes its rank and world size
-from `mcprl_train.collectives` (rank 0 of 1 without a process group). Every rank reads the same task stream,
-collects its share of each step's task groups (`collectives.shard`) against its own MCP servers and
-all-gathers the groups, so the invalid-episode check, the zero-variance back-fill decision and the logged
-metrics are the same everywhere; each rank learns on its own groups. Evaluation is sharded the same way.
-Where the update runs is the learner's `UpdateBackend`: this process (`mcprl_train.build.torch_backend`) or a
-DeepSpeed engine on each launched rank (`mcprl_train.parallel.ds_backend`). Rank 0 alone writes to the run
-directory and the other sinks; a checkpoint is collective.
+One `Trainer` serves one process and every rank of a data-parallel run alike: rank and world size come from
+`mcprl_train.collectives` (rank 0 of 1 without a process group); every rank takes the same tasks, collects its
+share and all-gathers the groups, so the checks, the back-fill decision and the logged metrics agree; each rank
+learns on its own groups through the learner's `UpdateBackend`. Rank 0 alone writes to the sinks; a
+checkpoint is collective. Resume restores the last complete checkpoint (weights, optimizer, scheduler, RNG,
+task-stream position, stage, step), so the next step equals the one an uninterrupted run would have taken.
 """
 
 from __future__ import annotations
@@ -280,15 +274,8 @@ class Trainer:
         self.state.step = step
         elapsed = time.perf_counter() - t0
         n_tokens = sum(len(e.token_ids) for g in everyone for e in g.episodes)
-        metrics.update(
-            {
-                "perf/collect_s": t_collect,
-                "perf/learn_s": t_learn,
-                "perf/step_s": elapsed,
-                "perf/tokens_per_s": n_tokens / max(1e-9, elapsed),
-                "time/elapsed_s": self.elapsed(),
-            }
-        )
+        metrics |= {"perf/collect_s": t_collect, "perf/learn_s": t_learn, "perf/step_s": elapsed}
+        metrics |= {"perf/tokens_per_s": n_tokens / max(1e-9, elapsed), "time/elapsed_s": self.elapsed()}
         self.log_metrics("grpo", step, metrics)
         self.write_trajectories(step, everyone)
         self.emit("after_step")
