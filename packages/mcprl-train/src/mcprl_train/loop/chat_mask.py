@@ -61,13 +61,7 @@ def prefix_diff_targets(
         prompt = render(k, True)
         pieces.append((_context(prompt, previous, render, markers, k), None))
         whole = render(k + 1, False)
-        if not whole.startswith(prompt):
-            at = _first_difference(prompt, whole)
-            raise DemonstrationError(
-                f"message {k} (assistant): the template does not render it after the generation prompt the "
-                f"model samples from (at char {at}: prompt {prompt[at : at + 40]!r}, turn {whole[at : at + 40]!r})"
-            )
-        turn = whole[len(prompt) :]
+        turn = _turn(prompt, whole, render(k, False), previous, k)
         cut = _end_of_turn(turn, markers)
         if cut is None:
             raise DemonstrationError(
@@ -108,6 +102,26 @@ def _context(
     # The template re-renders only the latest assistant turn (Qwen3 drops its empty think block once it is
     # not last); keep the turn as generated, as the episode transcript does, and continue after it.
     return rendered[end:]
+
+
+def _turn(prompt: str, whole: str, base: str, previous: tuple[int, str, str] | None, k: int) -> str:
+    """The text the template renders for assistant message ``k`` after the generation prompt."""
+    if whole.startswith(prompt):
+        return whole[len(prompt) :]
+    at = _first_difference(prompt, whole)
+    generation_prompt = prompt[len(base) :] if prompt.startswith(base) else ""
+    start = whole.rfind(generation_prompt) if generation_prompt else -1
+    held = previous[1] if previous is not None else None
+    confined = held is not None and prompt.startswith(held) and whole.startswith(held) and at >= len(held)
+    if not confined or start < at:
+        raise DemonstrationError(
+            f"message {k} (assistant): the chat template is not prefix-stable: appending the message rewrites "
+            f"earlier text (at char {at}: {prompt[at : at + 40]!r} became {whole[at : at + 40]!r})"
+        )
+    # The template renders the environment's messages since the last turn differently once an assistant
+    # message follows (Hermes 3 ends the last tool response without a newline); the model saw the prompt as
+    # it was, so the turn is what follows the generation prompt in the longer rendering.
+    return whole[start + len(generation_prompt) :]
 
 
 def _encode(
