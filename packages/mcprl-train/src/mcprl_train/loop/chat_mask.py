@@ -55,7 +55,9 @@ def prefix_diff_targets(
 
     markers = sorted({tokenizer.decode([i], skip_special_tokens=False) for i in end_of_turn})
     pieces: list[tuple[str, int | None]] = []  # (text, None for context or the turn's weight)
-    previous: tuple[int, str, str] | None = None  # (index, its rendering as last message, text after its turn)
+    previous: tuple[int, str, str] | None = (
+        None  # (index, its rendering as last message, text after its turn)
+    )
     assistants = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
     for k, weight in zip(assistants, weights, strict=True):
         prompt = render(k, True)
@@ -71,7 +73,9 @@ def prefix_diff_targets(
         pieces.append((turn[:cut], weight))
         previous = (k, whole, turn[cut:])
     if previous is not None and previous[0] + 1 < len(messages):
-        pieces.append((_context(render(len(messages), False), previous, render, markers, len(messages)), None))
+        pieces.append(
+            (_context(render(len(messages), False), previous, render, markers, len(messages)), None)
+        )
     elif previous is not None:
         pieces.append((previous[2], None))
     return _encode(tokenizer, pieces, end_of_turn)

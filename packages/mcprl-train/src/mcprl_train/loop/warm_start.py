@@ -151,10 +151,16 @@ def _generation_mask(
 ) -> tuple[list[int], list[int]] | None:
     """Ids and the template's own assistant mask, or None when it marks nothing."""
     out = tokenizer.apply_chat_template(
-        messages, tools=tools or None, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **kwargs
+        messages,
+        tools=tools or None,
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+        **kwargs,
     )
     ids = [int(t) for t in out["input_ids"]]
-    mask = [int(m) for m in (out.get("assistant_masks") or [])]
+    marked: list[Any] = list(out.get("assistant_masks") or [])
+    mask = [int(m) for m in marked]
     if len(mask) != len(ids) or not any(mask):
         return None
     return ids, mask
