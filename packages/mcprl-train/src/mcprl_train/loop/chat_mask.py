@@ -6,10 +6,11 @@ exactly what the sampler produces for that turn (it stops on that token). What t
 and renders for the environment's messages is context, encoded as the episode transcript encodes it (one
 piece per stretch between turns), so a demonstration is the token sequence an episode would hold.
 
-This needs rendering to be prefix-stable. One departure is bridged, the one the episode transcript also
-keeps as sampled: a template that re-renders the latest assistant turn once it is no longer last (Qwen3 drops
-its empty ``<think></think>`` block). The sequence keeps the turn as generated and continues with what the
-template renders after it. Any other rewrite of earlier text is a `DemonstrationError` naming the message.
+This needs rendering to be prefix-stable. Two departures are bridged by keeping the text as the model saw or
+generated it: a template that re-renders the latest assistant turn once it is no longer last (Qwen3 drops its
+empty ``<think></think>`` block), and one that re-renders the environment's messages since that turn once an
+assistant message follows (Hermes 3 ends the last tool response without a newline). Any other rewrite of
+earlier text is a `DemonstrationError` naming the message.
 (TRL checks the same property, ``is_chat_template_prefix_preserving``, and swaps in patched training
 templates; verifiers' ``process_chat_format`` tokenizes incremental prefixes and asserts it.)
 """
@@ -55,9 +56,8 @@ def prefix_diff_targets(
 
     markers = sorted({tokenizer.decode([i], skip_special_tokens=False) for i in end_of_turn})
     pieces: list[tuple[str, int | None]] = []  # (text, None for context or the turn's weight)
-    previous: tuple[int, str, str] | None = (
-        None  # (index, its rendering as last message, text after its turn)
-    )
+    # The latest assistant turn: (its index, the rendering it ends, the text after its end-of-turn token).
+    previous: tuple[int, str, str] | None = None
     assistants = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
     for k, weight in zip(assistants, weights, strict=True):
         prompt = render(k, True)
