@@ -37,3 +37,7 @@ class TrackingError(TrainError, RuntimeError):
 
 class DistributedError(TrainError, RuntimeError):
     """Multi-process training cannot start (DeepSpeed missing, no launcher environment)."""
+
+
+class DemonstrationError(TrainError, ValueError):
+    """A warm-start demonstration cannot be rendered into targets; the message names it and the problem."""

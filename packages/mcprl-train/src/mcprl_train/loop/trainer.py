@@ -19,6 +19,7 @@ import structlog
 
 from mcprl_env import Environment, EpisodeGroup, Task
 from mcprl_policy import Policy, PolicySampler
+from mcprl_policy.decode import end_of_turn_ids
 from mcprl_train import build, collectives
 from mcprl_train.config import Config
 from mcprl_train.loop.collection import check_invalid_rate, collect_share, rollout_metrics
@@ -132,7 +133,13 @@ class Trainer:
                 logger.info(
                     "demonstrations", demos=len(demos), teacher_success=round(self.teacher_success, 3)
                 )
-                examples = render_demonstrations(self.policy.tokenizer, demos, train_set, self.env)
+                examples = render_demonstrations(
+                    self.policy.tokenizer,
+                    demos,
+                    train_set,
+                    self.env,
+                    end_of_turn=end_of_turn_ids(self.policy.tokenizer, self.policy.model),
+                )
                 self.sft = SFTStage(
                     policy=self.policy, sft=cfg.sft, optim=cfg.optim, examples=examples, seed=cfg.run.seed
                 )

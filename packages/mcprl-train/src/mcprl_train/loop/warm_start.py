@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import attrs
@@ -20,6 +21,8 @@ import torch
 from mcprl_env import ChatTokenizer, Environment
 from mcprl_policy import Policy, policy_forward
 from mcprl_train.config import OptimConfig, SFTConfig
+from mcprl_train.errors import DemonstrationError
+from mcprl_train.loop.chat_mask import prefix_diff_targets
 from mcprl_train.loop.learner import warmup_lambda
 from mcprl_train.loop.samples import pack_indices, without_first_token
 from mcprl_train.loop.task_stream import IndexedTasks
@@ -44,34 +47,51 @@ class SFTExample:
 
 
 def render_example(
-    tokenizer: ChatTokenizer, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None
+    tokenizer: ChatTokenizer,
+    messages: Sequence[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    template_kwargs: dict[str, Any] | None = None,
+    end_of_turn: Collection[int] | None = None,
 ) -> SFTExample:
-    """Render a conversation with the chat template; the mask marks the assistant (generation) tokens.
+    """Render a conversation with the chat template; the mask marks what the model generates.
+
+    A template with ``{% generation %}`` markers says itself which tokens are the assistant's. Any other
+    template (Qwen, Llama, Hermes, ...) is rendered prefix by prefix (`prefix_diff_targets`): each assistant
+    turn's targets are its text after the generation prompt through its end-of-turn token.
 
     An assistant message with ``"weight": 0`` (OpenAI's fine-tuning convention) stays in the context but is
     not a target: a demonstration can show a mistake and train only on the recovery from it.
 
+    Args:
+        tokenizer: The policy's tokenizer and chat template.
+        messages: The conversation (chat messages; assistant tool calls as structured ``tool_calls``).
+        tools: Tool schemas the template shows.
+        template_kwargs: Extra ``apply_chat_template`` arguments (``EnvConfig.chat_template_kwargs``).
+        end_of_turn: Ids that end a sampled turn (default: the tokenizer's eos).
+
     Raises:
-        ValueError: when the template has no `{% generation %}` markers (no assistant mask), the
-            conversation has no assistant token, or a weight is not 0 or 1.
+        DemonstrationError: a weight is not 0 or 1, the conversation has no assistant target, or the
+            template's rendering cannot give one token sequence (see `prefix_diff_targets`).
     """
     weights = [_weight(m) for m in messages if m.get("role") == "assistant"]
-    out = tokenizer.apply_chat_template(
-        [{k: v for k, v in m.items() if k != "weight"} for m in messages],
-        tools=tools or None,
-        tokenize=True,
-        return_dict=True,
-        return_assistant_tokens_mask=True,
-    )
-    ids = list(out["input_ids"])
-    mask = list(out.get("assistant_masks") or [])
-    if len(mask) != len(ids):
-        raise ValueError("the chat template returned no assistant mask: it needs {% generation %} markers")
-    mask = [int(m) for m in mask]
-    if 0 in weights:
-        mask = _drop_spans(mask, weights)
+    clean = [{k: v for k, v in m.items() if k != "weight"} for m in messages]
+    kwargs = dict(template_kwargs or {})
+    marked = _generation_mask(tokenizer, clean, tools, kwargs) if _has_generation_markers(tokenizer) else None
+    if marked is not None:
+        ids, mask = marked
+        if 0 in weights:
+            mask = _drop_spans(mask, weights)
+    else:
+        if end_of_turn is None:
+            if tokenizer.eos_token_id is None:
+                raise DemonstrationError("the tokenizer has no eos token to end an assistant turn with")
+            end_of_turn = {tokenizer.eos_token_id}
+        ids, mask = prefix_diff_targets(
+            tokenizer, clean, weights, tools=tools or None, template_kwargs=kwargs, end_of_turn=end_of_turn
+        )
     if not any(mask):
-        raise ValueError("demonstration has no assistant tokens (or every assistant message has weight 0)")
+        raise DemonstrationError("no assistant tokens to train on (or every assistant message has weight 0)")
     return SFTExample(token_ids=ids, assistant_mask=mask)
 
 
@@ -80,21 +100,76 @@ def render_demonstrations(
     demos: Sequence[Demonstration],
     tasks: IndexedTasks,
     env: Environment,
+    *,
+    end_of_turn: Collection[int] | None = None,
 ) -> list[SFTExample]:
-    """Render ``(task_id, messages, succeeds)`` demonstrations with the tool schemas the environment shows
-    for each task, so the tokens the model imitates are the tokens it will later sample."""
+    """Render ``(task_id, messages, succeeds)`` demonstrations with the tool schemas and template arguments
+    the environment uses for each task, so the tokens the model imitates are the tokens it will later sample.
+
+    Raises:
+        DemonstrationError: naming the demonstration (its index and task id) and the problem.
+    """
     by_id = {tasks.task_at(i).id: i for i in range(len(tasks))}
     out: list[SFTExample] = []
-    for task_id, messages, _ in demos:
-        task = tasks.task_at(by_id[task_id])
-        out.append(render_example(tokenizer, messages, list(env.tool_access(task).schemas)))
+    for n, (task_id, messages, _) in enumerate(demos):
+        where = f"demonstration {n} (task {task_id!r})"
+        if task_id not in by_id:
+            raise DemonstrationError(f"{where}: no such task in the training set")
+        schemas = list(env.tool_access(tasks.task_at(by_id[task_id])).schemas)
+        try:
+            out.append(
+                render_example(
+                    tokenizer,
+                    messages,
+                    schemas,
+                    template_kwargs=env.config.chat_template_kwargs,
+                    end_of_turn=end_of_turn,
+                )
+            )
+        except DemonstrationError as e:
+            raise DemonstrationError(f"{where}: {e}") from e
     return out
+
+
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def _has_generation_markers(tokenizer: ChatTokenizer) -> bool:
+    template: object = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str):
+        return bool(_GENERATION_TAG.search(template))
+    if isinstance(template, dict):
+        return any(isinstance(t, str) and _GENERATION_TAG.search(t) for t in template.values())  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
+    return True  # cannot tell: ask for the mask and fall back when it is empty
+
+
+def _generation_mask(
+    tokenizer: ChatTokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+) -> tuple[list[int], list[int]] | None:
+    """Ids and the template's own assistant mask, or None when it marks nothing."""
+    out = tokenizer.apply_chat_template(
+        messages,
+        tools=tools or None,
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+        **kwargs,
+    )
+    ids = [int(t) for t in out["input_ids"]]
+    marked: list[Any] = list(out.get("assistant_masks") or [])
+    mask = [int(m) for m in marked]
+    if len(mask) != len(ids) or not any(mask):
+        return None
+    return ids, mask
 
 
 def _weight(message: dict[str, Any]) -> int:
     weight = message.get("weight", 1)
     if isinstance(weight, bool) or weight not in (0, 1):
-        raise ValueError(f"an assistant message's weight must be 0 or 1, got {weight!r}")
+        raise DemonstrationError(f"an assistant message's weight must be 0 or 1, got {weight!r}")
     return int(weight)
 
 
@@ -107,7 +182,7 @@ def _drop_spans(mask: list[int], weights: list[int]) -> list[int]:
         if m:
             spans[-1] = (spans[-1][0], i + 1)
     if len(spans) != len(weights):
-        raise ValueError(
+        raise DemonstrationError(
             f"the chat template marked {len(spans)} assistant spans for {len(weights)} assistant messages; "
             "per-message weights need one contiguous span per message"
         )
