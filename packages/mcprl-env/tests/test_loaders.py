@@ -170,3 +170,15 @@ def test_streaming_100k_tasks_keeps_memory_far_below_the_file_size(
     assert seen == count
     assert size > count * 250
     assert peak < 2_000_000, f"peak {peak} bytes while streaming a {size}-byte file"
+
+
+def test_duplicate_task_ids_are_refused_with_both_lines(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    rows = [{"id": "a", "prompt": "p", "answer": "1"}, {"id": "b", "prompt": "p", "answer": "2"}]
+    rows.append({"id": "a", "prompt": "q", "answer": "3"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(
+        TaskValidationError,
+        match=r"tasks.jsonl:3 \(item 2\): field 'id': duplicate task id 'a' \(first at line 1, item 0\)",
+    ):
+        TaskSet(path).build_index()

@@ -68,6 +68,14 @@ def test_a_mistyped_path_exits_2_with_one_line(
     assert "Traceback" not in err
 
 
+def test_a_bad_task_file_fails_before_a_run_directory_is_created(tmp_path: Path) -> None:
+    bad = tmp_path / "tasks.jsonl"
+    bad.write_text('{"id": "a", "prompt": "p", "answer": "1"}\n{"id": "a", "prompt": "q", "answer": "2"}\n')
+    args = ["train", "--run-name", "r", "--set", f"run.output_dir={tmp_path / 'runs'}"]
+    assert main([*args, "--set", f"tasks.train={bad}"]) == 2
+    assert not (tmp_path / "runs" / "r").exists()  # the name stays free for the corrected run
+
+
 def test_debug_prints_the_traceback_instead(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     args = ["--set", "tools.servers=nope.json", "--set", f"run.output_dir={tmp_path}"]
     assert main(["--debug", "train", *args]) == 2

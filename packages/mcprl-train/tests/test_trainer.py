@@ -150,3 +150,48 @@ def test_run_directory_holds_config_metrics_trajectories_checkpoints_and_summary
     assert kinds == {"sft", "grpo", "eval"}
     assert summary["success_warm_start"] is not None
     assert summary["success_final"] is not None
+
+
+class _Tasks:
+    """An in-memory task source with fixed epoch orders (one that, unlike a task file, may repeat ids)."""
+
+    def __init__(self, ids: str, orders: list[list[int]]) -> None:
+        from mcprl_env import task_from_dict
+
+        self.tasks = [task_from_dict({"id": i, "prompt": "p", "answer": "1"}) for i in ids]
+        self.orders = orders
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def task_at(self, index: int) -> Any:
+        return self.tasks[index]
+
+    def epoch_order(self, epoch: int, *, seed: int) -> list[int]:
+        return self.orders[min(epoch, len(self.orders) - 1)]
+
+
+def test_a_stream_of_too_few_distinct_tasks_fails_with_the_numbers_instead_of_spinning() -> None:
+    from mcprl_train.errors import ConfigError
+    from mcprl_train.loop.task_stream import TaskStream
+
+    stream = TaskStream(_Tasks("abab", [[0, 1, 2, 3]]), seed=0)
+    assert sorted(t.id for t in stream.take(2)) == ["a", "b"]
+    with pytest.raises(ConfigError, match=r"2 distinct task ids, fewer than the 3 one step takes"):
+        stream.take(3)
+
+
+def test_a_stream_fills_a_step_across_an_epoch_boundary() -> None:
+    from mcprl_train.loop.task_stream import StreamPosition, TaskStream
+
+    stream = TaskStream(_Tasks("ABC", [[0, 1, 2], [2, 0, 1]]), seed=0, position=StreamPosition(index=2))
+    assert sorted(t.id for t in stream.take(3)) == ["A", "B", "C"]
+
+
+def test_a_training_set_smaller_than_a_step_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    from mcprl_train import build
+    from mcprl_train.errors import ConfigError
+
+    config = make_config(tmp_path, "small", task_file(tmp_path, n=3), "grpo.tasks_per_step=4")
+    with pytest.raises(ConfigError, match=r"grpo.tasks_per_step=4: the training set .* has only 3 tasks"):
+        build.load_tasks(config)

@@ -235,11 +235,26 @@ class TaskSet:
                 yield _validated(item, str(self.path))
 
     def build_index(self) -> int:
-        """Validate every task once and record where each starts; returns the number of tasks."""
+        """Validate every task once and record where each starts; returns the number of tasks.
+
+        Raises:
+            TaskValidationError: a task does not match the schema, or two tasks share an id (episode ids, and
+                the episodes' state on stateful servers, derive from it); the error names both lines.
+        """
         offsets, lines = array("q"), array("q")
+        first: dict[str, tuple[int, int]] = {}
         with self.path.open("rb") as fh:
             for item in self._raw(fh):
-                _validated(item, str(self.path))
+                task = _validated(item, str(self.path))
+                index, line = first.setdefault(task.id, (item.index, item.line))
+                if index != item.index:
+                    raise TaskValidationError(
+                        f"duplicate task id {task.id!r} (first at line {line}, item {index})",
+                        source=str(self.path),
+                        line=item.line,
+                        index=item.index,
+                        field="id",
+                    )
                 offsets.append(item.offset)
                 lines.append(item.line)
         self._index = _Index(offsets, lines)

@@ -203,6 +203,26 @@ def load_task_source(spec: str, *, name: str) -> TaskSet:
     return tasks
 
 
+def load_tasks(config: Config) -> tuple[TaskSet, list[Task]]:
+    """The training set (indexed, validated) and the fixed validation subset (empty without validation).
+
+    Raises:
+        FileNotFoundError: a task file does not exist.
+        mcprl_env.TaskValidationError: a task does not match the schema, or two share an id (with the lines).
+        ConfigError: the training set has fewer tasks than a step takes (`grpo.tasks_per_step`).
+    """
+    train = load_task_source(config.tasks.train, name="train")
+    if len(train) < config.grpo.tasks_per_step:
+        raise ConfigError(
+            f"grpo.tasks_per_step={config.grpo.tasks_per_step}: the training set {config.tasks.train!r} has "
+            f"only {len(train)} tasks (a step takes that many distinct tasks)"
+        )
+    if config.tasks.validation is None:
+        return train, []
+    validation = load_task_source(config.tasks.validation, name="validation")
+    return train, first_tasks(validation, config.eval.n_tasks)
+
+
 def load_demos(config: Config) -> list[Demonstration]:
     """The warm-start demonstrations: `(task_id, messages, succeeds)` for `sft.demos` training tasks.
 

@@ -289,9 +289,14 @@ def _train_config(args: argparse.Namespace) -> tuple[Config, RunDir | None]:
 
 
 def _open_run(config: Config, resumed: RunDir | None) -> tuple[Config, RunDir, bool]:
-    """``(config, run directory, resume)``: a new run directory, or the resumed one with its config updated."""
+    """``(config, run directory, resume)``: a new run directory, or the resumed one with its config updated.
+
+    The task files are read and validated first: a missing or malformed file fails before anything is written.
+    """
+    from mcprl_train import build
     from mcprl_train.run.run_dir import RunDir
 
+    build.load_tasks(config)
     if resumed is None:
         return config, RunDir.create(config), False
     resumed.write_config(config)

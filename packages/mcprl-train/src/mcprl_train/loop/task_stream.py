@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import attrs
 
 from mcprl_env import Task
+from mcprl_train.errors import ConfigError
 
 
 class IndexedTasks(Protocol):
@@ -64,19 +65,29 @@ class TaskStream:
         return self._order
 
     def take(self, n: int) -> list[Task]:
-        """The next `n` tasks. Within one call task ids are distinct (a batch never holds a task twice)."""
+        """The next `n` tasks. Within one call task ids are distinct (a batch never holds a task twice).
+
+        Raises:
+            ConfigError: the set holds fewer than `n` distinct task ids (a step could never be filled).
+        """
         out: list[Task] = []
         seen: set[str] = set()
         pos = self.position
+        scanned = 0
         while len(out) < n:
             order = self._order_for(pos.epoch)
             if pos.index >= len(order):
                 pos = StreamPosition(epoch=pos.epoch + 1, index=0, taken=pos.taken)
-                if len(self.tasks) < n and len(out) >= len(self.tasks):
-                    break
                 continue
+            # Any 2·len consecutive positions hold a whole epoch, so by then every distinct id is in `out`.
+            if scanned >= 2 * len(self.tasks):
+                raise ConfigError(
+                    f"the training set has {len(seen)} distinct task ids, fewer than the {n} one step takes "
+                    "(grpo.tasks_per_step)"
+                )
             task = self.tasks.task_at(order[pos.index])
             pos = StreamPosition(epoch=pos.epoch, index=pos.index + 1, taken=pos.taken + 1)
+            scanned += 1
             if task.id in seen:
                 continue
             seen.add(task.id)

@@ -118,13 +118,10 @@ class Trainer:
 
         cfg = self.config
         seed_everything(cfg.run.seed)
+        train_set, self.val_tasks = build.load_tasks(cfg)  # before anything heavy: a bad file fails fast
+        self.stream = TaskStream(train_set, seed=cfg.run.seed)
         loaded = self.find_checkpoint() if self.resume else None
         self.build_learning(loaded)
-        train_set = build.load_task_source(cfg.tasks.train, name="train")
-        self.stream = TaskStream(train_set, seed=cfg.run.seed)
-        if cfg.tasks.validation is not None:
-            val_set = build.load_task_source(cfg.tasks.validation, name="validation")
-            self.val_tasks = build.first_tasks(val_set, cfg.eval.n_tasks)
         async with ToolManager(build.servers_config(cfg)) as manager:
             self.env = Environment(manager=manager, tokenizer=self.policy.tokenizer, config=cfg.env)
             if cfg.sft.enabled:

@@ -137,22 +137,24 @@ def train_rank(resolve_run: Callable[[], tuple[Config, RunDir, bool]], train: Ra
     import torch.distributed
 
     from mcprl_train import collectives
-    from mcprl_train.errors import TrainError
     from mcprl_train.parallel.deepspeed import init_distributed
     from mcprl_train.parallel.ds_backend import deepspeed_backend
     from mcprl_train.run.run_dir import RunDir
 
     rank, _world = init_distributed()
     shared: dict[str, Any] = {}
+    failure: BaseException | None = None
     if rank == 0:
         try:
             config, run_dir, resume = resolve_run()
             shared = {"path": str(run_dir.path), "config": config.to_dict(), "resume": resume}
-        except TrainError as exc:
-            shared = {"error": str(exc)}
+        except Exception as exc:  # every rank waits on this broadcast: whatever failed, all of them must stop
+            failure, shared = exc, {"error": str(exc)}
     shared = collectives.broadcast_object(shared)
+    if failure is not None:
+        raise failure  # rank 0 reports the original error (the CLI prints it as one line)
     if "error" in shared:
-        raise TrainError(str(shared["error"]))
+        raise DistributedError(f"rank 0 could not set up the run: {shared['error']}")
     config = _local_device(Config.from_dict(shared["config"]))
     try:
         summary = train(
