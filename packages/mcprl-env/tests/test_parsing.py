@@ -180,3 +180,35 @@ def test_parser_never_raises_on_arbitrary_text(text: str) -> None:
     for item in turn.items:
         assert isinstance(item, ToolCall | ToolCallParseError)
     assert turn.is_final == (turn.answer is not None)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"name": "calculate", "arguments": {"x": ' + "9" * 5000 + "}}",
+        '{"name": "calculate", "arguments": "{\\"x\\": ' + "9" * 5000 + '}"}',
+    ],
+)
+def test_an_integer_past_pythons_digit_limit_is_the_models_invalid_json_not_an_exception(body: str) -> None:
+    turn = parse(f"<tool_call>{body}</tool_call>")
+    assert turn.calls == []
+    [error] = turn.errors
+    assert error.kind in ("invalid_json", "invalid_arguments")
+
+
+def test_the_xml_and_llama_parsers_survive_a_too_long_integer_too() -> None:
+    from mcprl_env.parsing.llama3 import Llama3JsonToolCallParser
+    from mcprl_env.parsing.qwen_xml import QwenXmlToolCallParser
+
+    digits = "9" * 5000
+    llama = Llama3JsonToolCallParser().parse('{"name": "calculate", "parameters": {"x": ' + digits + "}}")
+    assert llama.calls == []
+    assert [e.kind for e in llama.errors] == ["invalid_json"]
+    integer = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    schema = [{"type": "function", "function": {"name": "calculate", "parameters": integer}}]
+    xml = QwenXmlToolCallParser().parse(
+        f"<tool_call>\n<function=calculate>\n<parameter=x>\n{digits}\n</parameter>\n</function>\n</tool_call>",
+        tools=schema,
+    )
+    assert xml.errors == []
+    assert xml.calls[0].arguments == {"x": digits}  # not an integer it can hold: left as text for validation

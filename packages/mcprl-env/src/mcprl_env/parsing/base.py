@@ -182,6 +182,8 @@ def decode_json_object(text: str, raw: str, *, where: str) -> tuple[dict[str, An
         return ToolCallParseError("invalid_json", f"invalid JSON: {exc.msg} at char {exc.pos}", raw=raw)
     except RecursionError:
         return ToolCallParseError("invalid_json", "invalid JSON: nested too deeply", raw=raw)
+    except ValueError as exc:  # e.g. an integer literal past Python's int-from-string digit limit
+        return ToolCallParseError("invalid_json", f"invalid JSON: {exc}", raw=raw)
     if not isinstance(value, dict):
         return ToolCallParseError(
             "not_an_object", f"expected a JSON object {where}, got {type(value).__name__}", raw=raw
@@ -207,7 +209,7 @@ def call_from_object(value: Mapping[str, Any], raw: str) -> ToolCall | ToolCallP
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # ValueError: JSONDecodeError, or a too-long integer literal
             return ToolCallParseError(
                 "invalid_arguments", "'arguments' is a string that is not JSON", raw=raw
             )

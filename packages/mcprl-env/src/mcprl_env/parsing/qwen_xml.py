@@ -71,7 +71,7 @@ def convert_argument(text: str, schema: Mapping[str, Any] | None) -> Any:
             case "integer" | "number":
                 try:
                     value = json.loads(text.strip())
-                except json.JSONDecodeError:
+                except ValueError:  # not JSON, or an integer literal past Python's digit limit
                     continue
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     if kind == "integer" and isinstance(value, float):
@@ -82,7 +82,7 @@ def convert_argument(text: str, schema: Mapping[str, Any] | None) -> Any:
             case "object" | "array":
                 try:
                     value = json.loads(text)
-                except (json.JSONDecodeError, RecursionError):
+                except (ValueError, RecursionError):
                     continue
                 if isinstance(value, dict if kind == "object" else list):
                     return value
