@@ -22,10 +22,10 @@ from mcprl_policy import Policy, PolicySampler
 from mcprl_policy.decode import end_of_turn_ids
 from mcprl_train import build, collectives
 from mcprl_train.config import Config
-from mcprl_train.loop.collection import check_invalid_rate, collect_share, rollout_metrics
-from mcprl_train.loop.evaluation import evaluate_tasks
+from mcprl_train.loop.collection import check_invalid_rate, rollout_metrics
 from mcprl_train.loop.learner import Learner, mean_over_ranks
-from mcprl_train.loop.state import TrainState, sampler_seed, seed_everything
+from mcprl_train.loop.rollouts import Rollouts
+from mcprl_train.loop.state import TrainState, seed_everything
 from mcprl_train.loop.summary import run_summary
 from mcprl_train.loop.task_stream import TaskStream
 from mcprl_train.loop.update import UpdateBackend
@@ -86,11 +86,9 @@ class Trainer:
         self.progress = progress or RunProgress(enabled=config.tracking.progress and self.is_writer)
         self.state = TrainState(stage="sft" if config.sft.enabled else "grpo")
         self.backend: UpdateBackend | None = None
-        self.sampler: PolicySampler | None = None
-        self.eval_sampler: PolicySampler | None = None
+        self.rollouts: Rollouts | None = None
         self.learner: Learner | None = None
         self.sft: SFTStage | None = None
-        self.env: Environment | None = None
         self.stream: TaskStream | None = None
         self.val_tasks: list[Task] = []
         self.history: list[dict[str, Any]] = []
@@ -98,6 +96,12 @@ class Trainer:
         self.restored_from: str | None = None
         self.clock = time.perf_counter()
         self.teacher_success: float | None = None
+
+    @property
+    def sampler(self) -> PolicySampler:
+        """This step's rollout sampler."""
+        assert self.rollouts is not None
+        return self.rollouts.sampler
 
     @property
     def policy(self) -> Policy:
@@ -123,7 +127,9 @@ class Trainer:
         loaded = self.find_checkpoint() if self.resume else None
         self.build_learning(loaded)
         async with ToolManager(build.servers_config(cfg)) as manager:
-            self.env = Environment(manager=manager, tokenizer=self.policy.tokenizer, config=cfg.env)
+            env = Environment(manager=manager, tokenizer=self.policy.tokenizer, config=cfg.env)
+            assert self.backend is not None
+            self.rollouts = Rollouts(cfg, self.backend, env, progress=self.progress)
             if cfg.sft.enabled:
                 demos = build.load_demos(cfg)
                 self.teacher_success = sum(ok for _, _, ok in demos) / max(1, len(demos))
@@ -134,7 +140,7 @@ class Trainer:
                     self.policy.tokenizer,
                     demos,
                     train_set,
-                    self.env,
+                    env,
                     end_of_turn=end_of_turn_ids(self.policy.tokenizer, self.policy.model),
                 )
                 self.sft = SFTStage(
@@ -159,8 +165,6 @@ class Trainer:
         self.backend = self.backend_factory(str(loaded.subdir("policy")) if loaded else None)
         self.policy.train()
         sampling = self.backend.sampling_policy
-        self.sampler = build.build_sampler(cfg, sampling, seed=cfg.run.seed + 7_919 * self.rank)
-        self.eval_sampler = build.build_sampler(cfg, sampling, greedy=cfg.eval.greedy, seed=cfg.run.seed)
         self.learner = Learner(
             policy=self.policy,
             config=cfg,
@@ -236,11 +240,12 @@ class Trainer:
         cfg = self.config
         step = self.state.step + 1
         t0 = time.perf_counter()
+        assert self.rollouts is not None
         tasks = self.stream.take(cfg.grpo.tasks_per_step)
-        self.step_sampler(step)
+        self.rollouts.start_step(step)
         self.last_step_tasks = [t.id for t in tasks]
         self.emit("before_rollout")
-        mine, everyone = await self.collect(tasks, step, round_=0)
+        mine, everyone = await self.rollouts.collect(tasks, step, round_=0)
         invalid_rate = check_invalid_rate(everyone, cfg.run.max_invalid_rate)
         samples, adv = self.learner.prepare(everyone)
         rounds = 0
@@ -252,7 +257,7 @@ class Trainer:
             rounds += 1
             extra_tasks = self.stream.take(missing)
             self.last_step_tasks += [t.id for t in extra_tasks]
-            extra_mine, extra_all = await self.collect(extra_tasks, step, round_=rounds)
+            extra_mine, extra_all = await self.rollouts.collect(extra_tasks, step, round_=rounds)
             check_invalid_rate(extra_all, cfg.run.max_invalid_rate)
             mine, everyone = [*mine, *extra_mine], [*everyone, *extra_all]
             samples, adv = self.learner.prepare(everyone)
@@ -261,9 +266,8 @@ class Trainer:
         t_collect = time.perf_counter() - t0
         self.emit("after_rollout")
         self.state.position = self.stream.position
-        assert self.sampler is not None
         metrics = rollout_metrics(everyone)
-        metrics.update(self.sampler.metrics())
+        metrics.update(self.rollouts.sampler.metrics())
         metrics.update(adv)
         metrics["rollout/invalid_rate"] = invalid_rate
         metrics["adv/backfill_rounds"] = float(rounds)
@@ -285,66 +289,18 @@ class Trainer:
         self.emit("after_step")
         return metrics
 
-    def step_sampler(self, step: int) -> None:
-        """The rollout sampler of GRPO step ``step``."""
-        if self.config.sampler.backend == "hf":
-            # A fresh generator per step: step k samples alike in a resumed and an uninterrupted run.
-            assert self.backend is not None
-            self.sampler = build.build_sampler(
-                self.config,
-                self.backend.sampling_policy,
-                seed=sampler_seed(self.config.run.seed, step, self.rank),
-            )
-
-    async def collect(
-        self, tasks: list[Task], step: int, *, round_: int
-    ) -> tuple[list[EpisodeGroup], list[EpisodeGroup]]:
-        """Run this rank's share of ``tasks``; returns ``(this rank's groups, every rank's groups)``."""
-        assert self.env is not None
-        assert self.sampler is not None
-        cfg = self.config
-        label = f"collect step {step}" + (f" (back-fill {round_})" if round_ else "")
-        self.progress.work(label, total=-(-len(tasks) // self.world))
-        return await collect_share(
-            self.env,
-            tasks,
-            self.sampler,
-            group_size=cfg.grpo.group_size,
-            max_concurrent_episodes=cfg.collection.max_concurrent_episodes,
-            max_retries=cfg.run.rollout_retries,
-            namespace=f"step-{step}" if round_ == 0 else f"step-{step}.{round_}",
-            on_group=lambda _group: self.progress.advance(),
-        )
-
     def sync_sampler(self) -> None:
         """Publish the trained weights to the sampling policy and the samplers."""
-        assert self.backend is not None
-        self.backend.publish()
-        for sampler in (self.sampler, self.eval_sampler):
-            if sampler is not None:
-                sampler.sync_weights()
+        assert self.rollouts is not None
+        self.rollouts.sync()
 
     async def evaluate(self, tag: str) -> dict[str, float]:
         """Validation metrics (`val/*`) over every rank's share of the validation tasks, logged with `tag`."""
         if not self.val_tasks:
             return {}
-        assert self.env is not None
-        assert self.eval_sampler is not None
-        self.sync_sampler()  # evaluations inside the warm start run between optimizer steps
-        self.policy.eval()
-        self.progress.work(f"validate ({tag})", total=-(-len(self.val_tasks) // self.world))
-        try:
-            metrics, _ = await evaluate_tasks(
-                self.env,
-                self.val_tasks,
-                self.eval_sampler,
-                max_concurrent_episodes=self.config.collection.max_concurrent_episodes,
-                namespace=f"eval-{tag}-{self.state.sft_step}-{self.state.step}",
-                on_group=lambda _group: self.progress.advance(),
-            )
-        finally:
-            self.policy.train()
-            self.progress.work_done()
+        assert self.rollouts is not None
+        namespace = f"eval-{tag}-{self.state.sft_step}-{self.state.step}"
+        metrics = await self.rollouts.validate(self.val_tasks, label=tag, namespace=namespace)
         metrics["time/elapsed_s"] = self.elapsed()
         self.log_metrics("eval", self.state.step, metrics, tag=tag)
         return metrics

@@ -1,0 +1,100 @@
+"""The sampling side of a run on this rank: samplers over the backend's sampling policy, in the environment.
+
+`Rollouts` owns the rollout sampler (a fresh generator per GRPO step, so step k samples alike in a resumed and
+an uninterrupted run; ranks sample differently) and the greedy evaluation sampler, keeps them on the newest
+trained weights (`sync`), and runs this rank's share of a step's task groups (`collect`) and of a validation
+(`validate`). The learning side is `mcprl_train.loop.learner`; the trainer alternates the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mcprl_env import Environment, EpisodeGroup, Task
+from mcprl_policy import PolicySampler
+from mcprl_train import build, collectives
+from mcprl_train.config import Config
+from mcprl_train.loop.collection import collect_share
+from mcprl_train.loop.evaluation import evaluate_tasks
+from mcprl_train.loop.state import sampler_seed
+from mcprl_train.loop.update import UpdateBackend
+from mcprl_train.run.progress import RunProgress
+
+__all__ = ["Rollouts"]
+
+
+class Rollouts:
+    """Samplers, environment and this rank's share of collection and validation.
+
+    Args:
+        config: The run config (``sampler``, ``sampling``, ``grpo``, ``collection``, ``eval``, ``run``).
+        backend: The update backend; the samplers read its `sampling_policy`.
+        env: The environment episodes run in.
+        progress: Progress bars of collection and validation.
+    """
+
+    def __init__(
+        self, config: Config, backend: UpdateBackend, env: Environment, *, progress: RunProgress
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.env = env
+        self.progress = progress
+        self.rank = collectives.rank()
+        self.world = collectives.world_size()
+        policy = backend.sampling_policy
+        self.sampler: PolicySampler = build.build_sampler(
+            config, policy, seed=config.run.seed + 7_919 * self.rank
+        )
+        self.eval_sampler = build.build_sampler(
+            config, policy, greedy=config.eval.greedy, seed=config.run.seed
+        )
+
+    def start_step(self, step: int) -> None:
+        """The rollout sampler of GRPO step ``step`` (HF: a fresh, step-seeded generator)."""
+        if self.config.sampler.backend == "hf":
+            seed = sampler_seed(self.config.run.seed, step, self.rank)
+            self.sampler = build.build_sampler(self.config, self.backend.sampling_policy, seed=seed)
+
+    def sync(self) -> None:
+        """Publish the trained weights to the sampling policy and the samplers."""
+        self.backend.publish()
+        self.sampler.sync_weights()
+        self.eval_sampler.sync_weights()
+
+    async def collect(
+        self, tasks: Sequence[Task], step: int, *, round_: int
+    ) -> tuple[list[EpisodeGroup], list[EpisodeGroup]]:
+        """Run this rank's share of ``tasks``; returns ``(this rank's groups, every rank's groups)``."""
+        cfg = self.config
+        label = f"collect step {step}" + (f" (back-fill {round_})" if round_ else "")
+        self.progress.work(label, total=-(-len(tasks) // self.world))
+        return await collect_share(
+            self.env,
+            tasks,
+            self.sampler,
+            group_size=cfg.grpo.group_size,
+            max_concurrent_episodes=cfg.collection.max_concurrent_episodes,
+            max_retries=cfg.run.rollout_retries,
+            namespace=f"step-{step}" if round_ == 0 else f"step-{step}.{round_}",
+            on_group=lambda _group: self.progress.advance(),
+        )
+
+    async def validate(self, tasks: Sequence[Task], *, label: str, namespace: str) -> dict[str, float]:
+        """`val/*` metrics of the newest weights over every rank's share of ``tasks`` (collective)."""
+        self.sync()  # evaluations inside the warm start run between optimizer steps
+        self.backend.policy.eval()
+        self.progress.work(f"validate ({label})", total=-(-len(tasks) // self.world))
+        try:
+            metrics, _ = await evaluate_tasks(
+                self.env,
+                tasks,
+                self.eval_sampler,
+                max_concurrent_episodes=self.config.collection.max_concurrent_episodes,
+                namespace=namespace,
+                on_group=lambda _group: self.progress.advance(),
+            )
+        finally:
+            self.backend.policy.train()
+            self.progress.work_done()
+        return metrics
