@@ -107,7 +107,9 @@ class CountingTokenizer(CharTokenizer):
         **kwargs: Any,
     ) -> Any:
         counted = [
-            {**m, "content": f"{m['content']} ({len(conversation) - i - 1} later)"} if m["role"] == "user" else m
+            {**m, "content": f"{m['content']} ({len(conversation) - i - 1} later)"}
+            if m["role"] == "user"
+            else m
             for i, m in enumerate(conversation)
         ]
         text = render_qwen_style(counted, tools=tools, add_generation_prompt=add_generation_prompt)
@@ -121,7 +123,9 @@ def after_last_turn(rendered: str, header: str, end: str) -> str:
 
 async def test_a_template_that_drops_earlier_think_blocks_keeps_them_as_sampled(manager: ToolManager) -> None:
     tok = ThinkStrippingTokenizer()
-    ep = await Environment(manager=manager, tokenizer=tok).run_episode(make_task(), ScriptedSampler(tok, SCRIPT))
+    ep = await Environment(manager=manager, tokenizer=tok).run_episode(
+        make_task(), ScriptedSampler(tok, SCRIPT)
+    )
     assert (ep.valid, ep.stop_reason, ep.metrics["template_drift"]) == (True, "answer", 0.0)
     assert "<think>multiply first</think>" in tok.decode(ep.token_ids)
     # Each environment stretch is what the template renders after the turn just sampled.
@@ -141,7 +145,9 @@ async def test_a_template_that_drops_earlier_think_blocks_keeps_them_as_sampled(
 
 async def test_template_drift_is_detected_and_the_episode_invalid(manager: ToolManager) -> None:
     tok = CountingTokenizer()
-    ep = await Environment(manager=manager, tokenizer=tok).run_episode(make_task(), ScriptedSampler(tok, SCRIPT))
+    ep = await Environment(manager=manager, tokenizer=tok).run_episode(
+        make_task(), ScriptedSampler(tok, SCRIPT)
+    )
     assert (ep.valid, ep.stop_reason) == (False, "template_drift")
     assert ep.error is not None
     assert "held '0 later)" in ep.error

@@ -142,7 +142,9 @@ def _tokenizer(chat_templates_dir: Path, family: Family) -> Any:
     return tokenizer_with_template((chat_templates_dir / family.template).read_text(), family.eos)
 
 
-async def _episode(tok: Any, family: Family, manager: ToolManager, **config: Any) -> tuple[Episode, Environment]:
+async def _episode(
+    tok: Any, family: Family, manager: ToolManager, **config: Any
+) -> tuple[Episode, Environment]:
     env = Environment(
         manager=manager, tokenizer=tok, config=EnvConfig(chat_template_kwargs=family.kwargs, **config)
     )
@@ -184,7 +186,9 @@ async def test_an_episode_is_its_sampled_ids_and_what_the_template_renders_after
         expected += sampled
         mask += [1] * len(sampled)
         if n + 1 < len(turns):
-            suffix = tok.encode(_after_turn(tok, family, ep.messages[: turns[n + 1]], tools), add_special_tokens=False)
+            suffix = tok.encode(
+                _after_turn(tok, family, ep.messages[: turns[n + 1]], tools), add_special_tokens=False
+            )
             expected += suffix
             mask += [0] * len(suffix)
     assert ep.token_ids == expected
@@ -208,7 +212,8 @@ async def test_a_drifting_template_is_still_drift_on_a_real_tokenizer(
     tok = tokenizer_with_template(drifting)
     ep, _ = await _episode(tok, family, manager)
     assert (ep.valid, ep.stop_reason) == (False, "template_drift")
-    assert ep.error is not None and "What is 3 times 4.5? (" in ep.error
+    assert ep.error is not None
+    assert "What is 3 times 4.5? (" in ep.error
     ep, _ = await _episode(tok, family, manager, on_template_drift="report")
     assert (ep.valid, ep.success, ep.metrics["template_drift"]) == (True, True, 2.0)
     held = tok.decode(ep.token_ids)
@@ -223,11 +228,15 @@ def test_a_rewrite_of_the_environments_text_beyond_whitespace_is_drift(chat_temp
     assert drifting != template
     tok = tokenizer_with_template(drifting)
     transcript = Transcript(tok)
-    tools = [{"type": "function", "function": {"name": "multiply", "description": "Multiply.", "parameters": {}}}]
+    tools = [
+        {"type": "function", "function": {"name": "multiply", "description": "Multiply.", "parameters": {}}}
+    ]
     transcript.start([{"role": "user", "content": "What is 3 times 4.5?"}], tools=tools)
     for turn in range(2):
         ids = [*tok.encode(hermes("multiply", a=3, b=4.5)), tok.eos_token_id]
-        transcript.add_sampled(ScriptedCompletion(token_ids=ids, logprobs=[0.0] * len(ids), text="", finish_reason="stop"))
+        transcript.add_sampled(
+            ScriptedCompletion(token_ids=ids, logprobs=[0.0] * len(ids), text="", finish_reason="stop")
+        )
         if turn == 0:
             transcript.commit_env(transcript.env_suffix([{"role": "tool", "content": "13.5"}]))
     with pytest.raises(TemplateDriftError) as info:

@@ -146,7 +146,9 @@ class Transcript:
         self.prompt_length = len(self.token_ids)
         self._rendered = self.text
         # Nothing before the first generation prompt may change: there is no environment text to bridge.
-        self._prompt_start = _common_prefix(self.render(self.messages, add_generation_prompt=False), self.text)
+        self._prompt_start = _common_prefix(
+            self.render(self.messages, add_generation_prompt=False), self.text
+        )
         self._env_start = self._prompt_start
 
     def add_sampled(self, completion: Completion) -> None:
