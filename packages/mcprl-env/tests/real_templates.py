@@ -81,16 +81,16 @@ def _base_tokenizer() -> Any:
     return tk
 
 
-def tokenizer_with_template(template: str) -> Any:
-    """A transformers tokenizer whose chat template is ``template``."""
+def tokenizer_with_template(template: str, eos: str = "<|im_end|>") -> Any:
+    """A transformers tokenizer whose chat template is ``template`` and whose end-of-turn token is ``eos``."""
     import transformers
 
     tok = transformers.PreTrainedTokenizerFast(
         tokenizer_object=_base_tokenizer(),
         bos_token="<|begin_of_text|>",
-        eos_token="<|im_end|>",
+        eos_token=eos,
         pad_token="<|endoftext|>",
-        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in ("<|begin_of_text|>", "<|im_end|>")],
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in ("<|begin_of_text|>", eos)],
     )
     tok.chat_template = template
     return tok

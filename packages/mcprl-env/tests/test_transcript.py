@@ -73,7 +73,7 @@ async def test_sampler_ids_are_kept_even_when_not_canonical(manager: ToolManager
 
 
 class ThinkStrippingTokenizer(CharTokenizer):
-    """A template that drops think blocks of earlier assistant turns (as some Qwen3 templates do)."""
+    """A template that drops the think blocks of assistant turns once they are not last (as Qwen3 does)."""
 
     def apply_chat_template(
         self,
@@ -86,38 +86,91 @@ class ThinkStrippingTokenizer(CharTokenizer):
     ) -> Any:
         cleaned = [
             {**m, "content": re.sub(r"<think>.*?</think>", "", m["content"], flags=re.S)}
-            if m["role"] == "assistant"
+            if m["role"] == "assistant" and i + 1 < len(conversation)
             else m
-            for m in conversation
+            for i, m in enumerate(conversation)
         ]
         text = render_qwen_style(cleaned, tools=tools, add_generation_prompt=add_generation_prompt)
         return self.encode(text) if tokenize else text
 
 
-async def test_template_drift_is_detected_and_the_episode_invalid(manager: ToolManager) -> None:
+class CountingTokenizer(CharTokenizer):
+    """A genuinely inconsistent template: the user's message names how many messages follow it."""
+
+    def apply_chat_template(
+        self,
+        conversation: Any,
+        *,
+        tools: Any = None,
+        add_generation_prompt: bool = False,
+        tokenize: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        counted = [
+            {**m, "content": f"{m['content']} ({len(conversation) - i - 1} later)"}
+            if m["role"] == "user"
+            else m
+            for i, m in enumerate(conversation)
+        ]
+        text = render_qwen_style(counted, tools=tools, add_generation_prompt=add_generation_prompt)
+        return self.encode(text) if tokenize else text
+
+
+def after_last_turn(rendered: str, header: str, end: str) -> str:
+    """What ``rendered`` has after the end-of-turn marker of its last assistant turn."""
+    return rendered[rendered.index(end, rendered.rindex(header)) + len(end) :]
+
+
+async def test_a_template_that_drops_earlier_think_blocks_keeps_them_as_sampled(manager: ToolManager) -> None:
     tok = ThinkStrippingTokenizer()
+    ep = await Environment(manager=manager, tokenizer=tok).run_episode(
+        make_task(), ScriptedSampler(tok, SCRIPT)
+    )
+    assert (ep.valid, ep.stop_reason, ep.metrics["template_drift"]) == (True, "answer", 0.0)
+    assert "<think>multiply first</think>" in tok.decode(ep.token_ids)
+    # Each environment stretch is what the template renders after the turn just sampled.
+    tools = list(Environment(manager=manager, tokenizer=tok).tool_access(make_task()).schemas)
+    turns = [i for i, m in enumerate(ep.messages) if m["role"] == "assistant"]
+    expected = tok.encode(tok.apply_chat_template(ep.messages[:1], tools=tools, add_generation_prompt=True))
+    for n, text in enumerate(SCRIPT):
+        expected += [*tok.encode(text), tok.eos_token_id]
+        if n + 1 < len(turns):
+            # The conversation up to the next turn, without its generation prompt: the last assistant header is
+            # the turn just sampled; then the generation prompt is added back.
+            rendered = tok.apply_chat_template(ep.messages[: turns[n + 1]], tools=tools)
+            expected += tok.encode(after_last_turn(rendered, "<|im_start|>assistant", "<|im_end|>"))
+            expected += tok.encode("<|im_start|>assistant\n")
+    assert ep.token_ids == expected
+
+
+async def test_template_drift_is_detected_and_the_episode_invalid(manager: ToolManager) -> None:
+    tok = CountingTokenizer()
     ep = await Environment(manager=manager, tokenizer=tok).run_episode(
         make_task(), ScriptedSampler(tok, SCRIPT)
     )
     assert (ep.valid, ep.stop_reason) == (False, "template_drift")
     assert ep.error is not None
-    assert "hink>multiply first" in ep.error
+    assert "held '0 later)" in ep.error
+    assert "rendered '2 later)" in ep.error
 
 
 async def test_template_drift_report_mode_keeps_sampled_ids_and_counts(manager: ToolManager) -> None:
-    tok = ThinkStrippingTokenizer()
+    tok = CountingTokenizer()
     env = Environment(manager=manager, tokenizer=tok, config=EnvConfig(on_template_drift="report"))
     ep = await env.run_episode(make_task(), ScriptedSampler(tok, SCRIPT))
     assert ep.valid
     assert ep.success
     assert ep.metrics["template_drift"] == 2
-    assert "<think>multiply first</think>" in tok.decode(ep.token_ids)
+    held = tok.decode(ep.token_ids)
+    assert "(0 later)" in held
+    assert "(2 later)" not in held
     # The environment's suffixes are still what the template appends: the text stays well formed.
-    assert tok.decode(ep.token_ids).count("<|im_start|>assistant\n") == 3
+    assert held.count("<|im_start|>assistant\n") == 3
+    assert held.count("<tool_response>") == 3
 
 
 def test_transcript_raises_template_drift_error_directly() -> None:
-    tok = ThinkStrippingTokenizer()
+    tok = CountingTokenizer()
     transcript = Transcript(tok)
     transcript.start([{"role": "user", "content": "hi"}], tools=None)
     ids = [*tok.encode("<think>x</think>ok"), 2]
@@ -126,4 +179,5 @@ def test_transcript_raises_template_drift_error_directly() -> None:
     )
     with pytest.raises(TemplateDriftError) as info:
         transcript.env_suffix([{"role": "user", "content": "again"}])
-    assert info.value.expected.startswith("<think>")
+    assert info.value.expected.startswith("0 later")
+    assert info.value.rendered.startswith("2 later")

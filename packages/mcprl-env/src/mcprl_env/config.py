@@ -96,7 +96,9 @@ class EnvConfig:
             recognises it from what the chat template renders (`mcprl_env.detect_parser_family`).
         on_template_drift: ``"raise"``: re-rendering that changes earlier text ends the episode invalid with a
             `TemplateDriftError`; ``"report"``: keep the sampled tokens, append the new suffix, count
-            ``template_drift`` in the episode's metrics.
+            ``template_drift`` in the episode's metrics. Neither applies to what a template rewrites by design
+            (the think block of the turn just sampled, whitespace of the tool responses before it): that text
+            stays as the model saw or generated it (see `mcprl_env.Transcript`).
         chat_template_kwargs: Extra keyword arguments for ``apply_chat_template`` (e.g. ``enable_thinking``).
         reward: Reward weights.
     """

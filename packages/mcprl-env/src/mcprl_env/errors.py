@@ -105,9 +105,12 @@ class ToolCallParseError(EnvError, ValueError):
 class TemplateDriftError(EnvError, RuntimeError):
     """Re-rendering the conversation changed text the episode already holds as tokens.
 
-    Token-in/token-out training needs every earlier token to stay as sampled; a chat template that rewrites
-    earlier turns (strips think blocks, normalises whitespace) would make the trainer learn on text the model
-    never saw. ``EnvConfig(on_template_drift="report")`` keeps the sampled tokens and counts the drift instead.
+    Token-in/token-out training needs every earlier token to stay as sampled. The transcript keeps the turn just
+    sampled as generated however the template re-renders it (Qwen3 drops its think block), and the environment's
+    messages since the previous turn as the model saw them when only their whitespace changes (Hermes 3's last
+    tool response); any other rewrite of earlier text (the system prompt, a user's message, older turns, a
+    header that counts messages) is this error. ``EnvConfig(on_template_drift="report")`` keeps the sampled
+    tokens, appends what the template renders after the turn just sampled and counts the drift instead.
 
     Attributes:
         position: Character offset of the first difference.

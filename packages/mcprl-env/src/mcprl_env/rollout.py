@@ -149,13 +149,13 @@ class _Rollout:
             return observations
         if self.consecutive_invalid >= self.config.max_consecutive_invalid:
             return _Stop("consecutive_invalid")
-        suffix, ids, drifted = self.transcript.env_suffix(observations)
+        suffix = self.transcript.env_suffix(observations)
         if (
-            len(self.transcript.token_ids) + len(ids) + self.config.min_new_tokens
+            len(self.transcript.token_ids) + len(suffix.ids) + self.config.min_new_tokens
             > self.config.max_total_tokens
         ):
             return _Stop("token_budget")
-        self.transcript.commit_env(observations, suffix, ids, drifted)
+        self.transcript.commit_env(suffix)
         return None
 
     async def execute(self, items: Sequence[ToolCall | ToolCallParseError]) -> list[dict[str, Any]] | _Stop:

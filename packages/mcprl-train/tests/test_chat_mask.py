@@ -1,0 +1,181 @@
+"""The warm start's sequences are the episodes' sequences: one convention for SFT and RL on every real template.
+
+An episode driven through `mcprl_env.Transcript` as each model family writes it (its sampled ids, the tool
+responses, the template's text after each turn) and the same conversation rendered as a demonstration by
+`prefix_diff_targets` are the same ids with the same mask; the demonstration only adds what the template
+renders after the final end-of-turn token.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcprl_env import Transcript
+from mcprl_env.testing import ScriptedCompletion
+from mcprl_train.loop.chat_mask import prefix_diff_targets
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+]
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{name.title()} two numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+    for name in ("multiply", "divide")
+]
+
+
+def hermes(name: str, **arguments: Any) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def qwen_xml(name: str, **arguments: Any) -> str:
+    params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in arguments.items())
+    return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+def llama(name: str, **arguments: Any) -> str:
+    return json.dumps({"name": name, "parameters": arguments})
+
+
+HERMES_SCRIPT = [hermes("multiply", a=3, b=4.5), hermes("divide", a=27, b=2), "<answer>13.5</answer>"]
+# name → (template, end-of-turn token, template kwargs, turns as the model writes them, tool responses per turn)
+FAMILIES: dict[str, tuple[str, str, dict[str, Any], list[str], list[list[str]]]] = {
+    "qwen2.5": ("Qwen-Qwen2.5-7B-Instruct.jinja", "<|im_end|>", {}, HERMES_SCRIPT, [["13.5"], ["13.5"]]),
+    "qwen3-thinking-off": (
+        "Qwen-Qwen3-0.6B.jinja",
+        "<|im_end|>",
+        {"enable_thinking": False},
+        HERMES_SCRIPT,
+        [["13.5"], ["13.5"]],
+    ),
+    "qwen3-thinking-on": (
+        "Qwen-Qwen3-0.6B.jinja",
+        "<|im_end|>",
+        {"enable_thinking": True},
+        [
+            "<think>\nMultiply 3 by 4.5.\n</think>\n\n" + hermes("multiply", a=3, b=4.5),
+            "<think>\nCheck by halving 27.\n</think>\n\n" + hermes("divide", a=27, b=2),
+            "<think>\nBoth give 13.5.\n</think>\n\n<answer>13.5</answer>",
+        ],
+        [["13.5"], ["13.5"]],
+    ),
+    "qwen3.5": (
+        "Qwen3.5-4B.jinja",
+        "<|im_end|>",
+        {},
+        [
+            "Multiply 3 by 4.5.\n</think>\n\n" + qwen_xml("multiply", a=3, b=4.5),
+            "Check by halving 27.\n</think>\n\n" + qwen_xml("divide", a=27, b=2),
+            "Both give 13.5.\n</think>\n\n<answer>13.5</answer>",
+        ],
+        [["13.5"], ["13.5"]],
+    ),
+    "hermes3": (
+        "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+        "<|im_end|>",
+        {},
+        [
+            hermes("multiply", a=3, b=4.5) + "\n" + hermes("divide", a=9, b=2),
+            hermes("divide", a=27, b=2),
+            "<answer>13.5</answer>",
+        ],
+        [["13.5", "4.5"], ["13.5"]],
+    ),
+    "llama3.1": (
+        "meta-llama-Llama-3.1-8B-Instruct.jinja",
+        "<|eot_id|>",
+        {},
+        [llama("multiply", a=3, b=4.5), llama("divide", a=27, b=2), "<answer>13.5</answer>"],
+        [["13.5"], ["13.5"]],
+    ),
+}
+
+
+def _tokenizer(template: str, eos: str) -> Any:
+    """A byte-level BPE trained in memory with every family's special tokens; the vendor's template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    base = Tokenizer(models.BPE())
+    base.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    base.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    base.train_from_iterator([hermes("multiply", a=3, b=4.5) + "\n</think>\n\n"] * 10, trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=base,
+        bos_token="<|begin_of_text|>",
+        eos_token=eos,
+        pad_token="<|endoftext|>",
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in ("<|begin_of_text|>", eos)],
+    )
+    tok.chat_template = template
+    return tok
+
+
+def _episode(tok: Any, kwargs: dict[str, Any], script: list[str], responses: list[list[str]]) -> Transcript:
+    transcript = Transcript(tok, template_kwargs=kwargs)
+    transcript.start(
+        [
+            {"role": "system", "content": "You are a calculator."},
+            {"role": "user", "content": "What is 3 times 4.5?"},
+        ],
+        tools=TOOLS,
+    )
+    for n, text in enumerate(script):
+        ids = [*tok.encode(text, add_special_tokens=False), tok.eos_token_id]
+        transcript.add_sampled(
+            ScriptedCompletion(token_ids=ids, logprobs=[-1.0] * len(ids), text=text, finish_reason="stop")
+        )
+        if n < len(responses):
+            suffix = transcript.env_suffix([{"role": "tool", "content": r} for r in responses[n]])
+            assert not suffix.drifted
+            transcript.commit_env(suffix)
+    return transcript
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_a_demonstration_of_an_episodes_conversation_is_the_episodes_ids_and_mask(
+    chat_templates_dir: Path, name: str
+) -> None:
+    template, eos, kwargs, script, responses = FAMILIES[name]
+    tok = _tokenizer((chat_templates_dir / template).read_text(), eos)
+    episode = _episode(tok, kwargs, script, responses)
+    assert episode.drift_count == 0
+    weights = [1] * sum(m["role"] == "assistant" for m in episode.messages)
+    ids, mask = prefix_diff_targets(
+        tok, episode.messages, weights, tools=TOOLS, template_kwargs=kwargs, end_of_turn={tok.eos_token_id}
+    )
+    n = len(episode.token_ids)
+    assert ids[:n] == episode.token_ids
+    assert mask[:n] == episode.loss_mask
+    # After the final end-of-turn token, the demonstration holds the template's closing text as context.
+    rendered = tok.apply_chat_template(episode.messages, tools=TOOLS, tokenize=False, **kwargs)
+    assert tok.decode(ids[n:]) == rendered[rendered.rindex(eos) + len(eos) :]
+    assert not any(mask[n:])
