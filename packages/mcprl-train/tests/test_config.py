@@ -125,6 +125,7 @@ def test_two_tools_sources_in_one_layer_are_rejected() -> None:
         ("grpo.estimator=ppo", "grpo.estimator: got 'ppo'; expected one of"),
         ("env.max_turns_by_difficulty.expert=3", "env.max_turns_by_difficulty: needs exactly the keys"),
         ("run.name=a/b", "run.name: expected a directory name"),
+        ("grpo.kl_in_reward=true", "grpo.kl_in_reward: true is not implemented"),
         ("grpo", "expected section.key=value"),
     ],
 )

@@ -224,7 +224,8 @@ class GRPOConfig:
         dual_clip: Dual-clip bound c for negative advantages (Ye et al. 2020); None disables it.
         kl_coef: KL coefficient β against the reference policy.
         kl_estimator: k1/k2/k3 (Schulman 2020, "Approximating KL divergence").
-        kl_in_reward: Subtract β·KL from the reward instead of adding it to the loss.
+        kl_in_reward: Subtract β·KL from the reward instead of adding it to the loss (not implemented yet:
+            ``true`` is refused, so the key never silently does nothing).
         value_coef: Weight of the (clipped) value loss (``gae`` only).
         gamma: Discount γ (GAE).
         lam: GAE λ.

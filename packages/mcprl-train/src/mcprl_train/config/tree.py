@@ -108,6 +108,11 @@ class Config:
                 f"sampling.seed: got {self.sampling.seed!r}; expected null (the sampler's seed is derived per "
                 "step from run.seed: set run.seed)"
             )
+        if self.grpo.kl_in_reward:
+            raise ConfigError(
+                "grpo.kl_in_reward: true is not implemented: the learner adds the KL term to the loss "
+                "(grpo.kl_coef, grpo.kl_estimator); set grpo.kl_in_reward=false"
+            )
         if self.grpo.estimator == "gae" and not self.model.value_head:
             raise ConfigError("grpo.estimator: 'gae' needs model.value_head=true")
         if self.distributed.backend == "none" and self.distributed.zero_stage != 0:
