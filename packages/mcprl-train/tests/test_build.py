@@ -1,4 +1,4 @@
-"""What `mcprl_train.build` makes from a config: here, the warm-start demonstrations."""
+"""What `mcprl_train.build` makes from a config: the warm-start demonstrations, the tiny-profile warning."""
 
 from __future__ import annotations
 
@@ -26,3 +26,21 @@ def test_teacher_typos_add_a_recovered_lookup_to_some_demonstrations() -> None:
 
 def test_demonstrations_are_the_same_in_every_run() -> None:
     assert _demos("sft.teacher_typos=0.3") == _demos("sft.teacher_typos=0.3")
+
+
+def test_a_real_model_on_the_tiny_models_profile_is_told_what_it_inherits() -> None:
+    from mcprl_train.build import tiny_profile_warning
+
+    assert tiny_profile_warning(Config.load(profile="cpu")) is None
+    assert tiny_profile_warning(Config.load(profile="single-gpu-lora")) is None
+    real = Config.load(profile="cpu", overrides=["model.name=Qwen/Qwen3-0.6B"])
+    warning = tiny_profile_warning(real)
+    assert warning is not None
+    assert "model.name='Qwen/Qwen3-0.6B' inherits env.max_new_tokens_per_turn=64" in warning
+    assert "optim.lr=0.0003" in warning
+    tuned = real.replace(["env.max_new_tokens_per_turn=512", "optim.lr=1e-6"])
+    warning = tiny_profile_warning(tuned)
+    assert warning is not None
+    assert "max_new_tokens_per_turn" not in warning
+    assert "optim.lr" not in warning
+    assert "env.max_total_tokens=1024" in warning

@@ -7,7 +7,7 @@ Everything that turns config values into objects of the other packages lives her
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -52,6 +52,38 @@ def build_policy(config: Config, *, source: str | None = None) -> Policy:
     )
     policy.logits_chunk_size = config.optim.logits_chunk_size
     return policy
+
+
+_TINY_MODEL_SETTINGS = ("env.max_new_tokens_per_turn", "env.max_total_tokens", "optim.lr", "sft.enabled")
+
+
+def tiny_profile_warning(config: Config) -> str | None:
+    """What a real model inherits, unchanged, from a profile made for the embedded tiny model (or None).
+
+    The ``cpu`` and ``mps`` profiles size turns, episodes and the learning rate for a 0.6 M-parameter model and
+    warm-start it on demonstrations written for it; a real chat model given to them keeps those values unless
+    the user set them.
+    """
+    from mcprl_policy import TINY_PRESETS
+    from mcprl_train.config import Config
+
+    if config.profile not in ("cpu", "mps") or config.model.name in TINY_PRESETS:
+        return None
+    profile = Config.load(profile=config.profile).to_dict()
+    mine = config.to_dict()
+
+    def value(tree: dict[str, Any], key: str) -> object:
+        section, name = key.split(".")
+        return tree[section][name]
+
+    kept = [f"{k}={value(mine, k)}" for k in _TINY_MODEL_SETTINGS if value(mine, k) == value(profile, k)]
+    if not kept:
+        return None
+    return (
+        f"profile {config.profile!r} is made for the embedded tiny model; model.name={config.model.name!r} "
+        f"inherits {', '.join(kept)}: set them for this model with --set, or start from another profile "
+        "(mcprl-train plan says what fits)"
+    )
 
 
 def torch_backend(config: Config, *, source: str | None = None) -> TorchBackend:

@@ -122,6 +122,8 @@ class Trainer:
 
         cfg = self.config
         seed_everything(cfg.run.seed)
+        if (warning := build.tiny_profile_warning(cfg)) is not None:
+            logger.warning("profile_made_for_the_tiny_model", detail=warning)
         train_set, self.val_tasks = build.load_tasks(cfg)  # before anything heavy: a bad file fails fast
         self.stream = TaskStream(train_set, seed=cfg.run.seed)
         loaded = self.find_checkpoint() if self.resume else None
