@@ -9,6 +9,7 @@ renders after the final end-of-turn token.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +22,10 @@ from mcprl_train.loop.chat_mask import prefix_diff_targets
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|begin_of_text|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|python_tag|>",
-]
+TemplateTokenizer = Callable[
+    [str, str, str], Any
+]  # the conftest fixture: (template, eos, sample) -> tokenizer
+
 TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
@@ -62,6 +56,7 @@ def llama(name: str, **arguments: Any) -> str:
     return json.dumps({"name": name, "parameters": arguments})
 
 
+MASK_SAMPLE = hermes("multiply", a=3, b=4.5) + "\n</think>\n\n"  # what the test tokenizer is trained on
 HERMES_SCRIPT = [hermes("multiply", a=3, b=4.5), hermes("divide", a=27, b=2), "<answer>13.5</answer>"]
 # name → (template, end-of-turn token, template kwargs, turns as the model writes them, tool responses per turn)
 FAMILIES: dict[str, tuple[str, str, dict[str, Any], list[str], list[list[str]]]] = {
@@ -116,29 +111,6 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], list[str], list[list[str]]]]
 }
 
 
-def _tokenizer(template: str, eos: str) -> Any:
-    """A byte-level BPE trained in memory with every family's special tokens; the vendor's template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    base = Tokenizer(models.BPE())
-    base.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    base.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    base.train_from_iterator([hermes("multiply", a=3, b=4.5) + "\n</think>\n\n"] * 10, trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=base,
-        bos_token="<|begin_of_text|>",
-        eos_token=eos,
-        pad_token="<|endoftext|>",
-        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in ("<|begin_of_text|>", eos)],
-    )
-    tok.chat_template = template
-    return tok
-
-
 def _episode(tok: Any, kwargs: dict[str, Any], script: list[str], responses: list[list[str]]) -> Transcript:
     transcript = Transcript(tok, template_kwargs=kwargs)
     transcript.start(
@@ -162,10 +134,10 @@ def _episode(tok: Any, kwargs: dict[str, Any], script: list[str], responses: lis
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_a_demonstration_of_an_episodes_conversation_is_the_episodes_ids_and_mask(
-    chat_templates_dir: Path, name: str
+    chat_templates_dir: Path, template_tokenizer: TemplateTokenizer, name: str
 ) -> None:
     template, eos, kwargs, script, responses = FAMILIES[name]
-    tok = _tokenizer((chat_templates_dir / template).read_text(), eos)
+    tok = template_tokenizer((chat_templates_dir / template).read_text(), eos, MASK_SAMPLE)
     episode = _episode(tok, kwargs, script, responses)
     assert episode.drift_count == 0
     weights = [1] * sum(m["role"] == "assistant" for m in episode.messages)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,10 @@ from mcprl_env import ChatTokenizer
 from mcprl_policy.tiny import build_tiny_model
 from mcprl_train.errors import DemonstrationError
 from mcprl_train.loop.warm_start import SFTExample, render_example
+
+TemplateTokenizer = Callable[
+    [str, str, str], Any
+]  # the conftest fixture: (template, eos, sample) -> tokenizer
 
 CALL = '<tool_call>{"name": "get_quote", "arguments": {"symbol": "ACME"}}</tool_call>'
 
@@ -143,48 +148,15 @@ REAL_TEMPLATES: dict[str, tuple[str, dict[str, Any], list[str]]] = {
         [HERMES_CALL + "<|im_end|>", "3 times 4 is 12.<|im_end|>"],
     ),
 }
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|begin_of_text|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|python_tag|>",
-]
-
-
-def _real_tokenizer(template: str, eos: str) -> Any:
-    """A byte-level BPE trained in memory with every family's special tokens; the vendor's template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    base = Tokenizer(models.BPE())
-    base.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    base.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    base.train_from_iterator([HERMES_CALL + "\n3 times 4 is 12.\n\n"] * 10, trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=base,
-        bos_token="<|begin_of_text|>",
-        eos_token=eos,
-        pad_token="<|endoftext|>",
-        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in ("<|begin_of_text|>", eos)],
-    )
-    tok.chat_template = template
-    return tok
+SFT_SAMPLE = HERMES_CALL + "\n3 times 4 is 12.\n\n"
 
 
 @pytest.mark.parametrize("name", sorted(REAL_TEMPLATES))
 def test_each_real_template_trains_exactly_each_assistant_turn_and_its_end_of_turn_token(
-    chat_templates_dir: Path, name: str
+    chat_templates_dir: Path, template_tokenizer: TemplateTokenizer, name: str
 ) -> None:
     eos, kwargs, turns = REAL_TEMPLATES[name]
-    tok = _real_tokenizer((chat_templates_dir / name).read_text(), eos)
+    tok = template_tokenizer((chat_templates_dir / name).read_text(), eos, SFT_SAMPLE)
     example = render_example(tok, DEMO, TOOLS, template_kwargs=kwargs)
     assert _spans(tok, example) == turns
     assert all(example.token_ids[i] == tok.eos_token_id for i in _span_ends(example))
@@ -213,8 +185,12 @@ def _span_ends(example: SFTExample) -> list[int]:
     return [i for i in range(len(m)) if m[i] and (i + 1 == len(m) or not m[i + 1])]
 
 
-def test_a_weight_0_turn_keeps_its_tokens_in_context_on_a_real_template(chat_templates_dir: Path) -> None:
-    tok = _real_tokenizer((chat_templates_dir / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(), "<|im_end|>")
+def test_a_weight_0_turn_keeps_its_tokens_in_context_on_a_real_template(
+    chat_templates_dir: Path, template_tokenizer: TemplateTokenizer
+) -> None:
+    tok = template_tokenizer(
+        (chat_templates_dir / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(), "<|im_end|>", SFT_SAMPLE
+    )
     demo = [*DEMO[:2], {**DEMO[2], "weight": 0}, *DEMO[3:]]
     full = render_example(tok, DEMO, TOOLS)
     masked = render_example(tok, demo, TOOLS)
@@ -222,26 +198,30 @@ def test_a_weight_0_turn_keeps_its_tokens_in_context_on_a_real_template(chat_tem
     assert _spans(tok, masked) == ["3 times 4 is 12.<|im_end|>"]
 
 
-def test_a_template_that_rewrites_earlier_text_is_a_demonstration_error_naming_the_message() -> None:
+def test_a_template_that_rewrites_earlier_text_is_a_demonstration_error_naming_the_message(
+    template_tokenizer: TemplateTokenizer,
+) -> None:
     # A header that counts the messages: every longer rendering rewrites the start of the conversation.
     template = (
         "{{ messages | length }} messages\n{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    tok = _real_tokenizer(template, "<|im_end|>")
+    tok = template_tokenizer(template, "<|im_end|>", SFT_SAMPLE)
     messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     with pytest.raises(DemonstrationError, match=r"message 1 .*not prefix-stable"):
         render_example(tok, messages, None)
 
 
-def test_a_template_that_rewrites_the_latest_turn_keeps_it_as_generated() -> None:
+def test_a_template_that_rewrites_the_latest_turn_keeps_it_as_generated(
+    template_tokenizer: TemplateTokenizer,
+) -> None:
     # Like Qwen3's dropped think block: an assistant turn renders differently once it is not last.
     template = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n"
         "{% if m.role == 'assistant' and not loop.last %}(earlier){% else %}{{ m.content }}{% endif %}"
         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    tok = _real_tokenizer(template, "<|im_end|>")
+    tok = template_tokenizer(template, "<|im_end|>", SFT_SAMPLE)
     messages = [
         {"role": "user", "content": "a"},
         {"role": "assistant", "content": "b"},
@@ -253,11 +233,13 @@ def test_a_template_that_rewrites_the_latest_turn_keeps_it_as_generated() -> Non
     assert "(earlier)" not in tok.decode(example.token_ids)
 
 
-def test_an_assistant_turn_without_an_end_of_turn_token_is_refused() -> None:
+def test_an_assistant_turn_without_an_end_of_turn_token_is_refused(
+    template_tokenizer: TemplateTokenizer,
+) -> None:
     template = (
         "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant: {% endif %}"
     )
-    tok = _real_tokenizer(template, "<|im_end|>")
+    tok = template_tokenizer(template, "<|im_end|>", SFT_SAMPLE)
     with pytest.raises(DemonstrationError, match=r"message 1 .*without an end-of-turn token"):
         render_example(tok, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], None)
