@@ -7,7 +7,7 @@ Everything that turns config values into objects of the other packages lives her
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import structlog
 
@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from mcprl_train.loop.task_stream import IndexedTasks
     from mcprl_train.loop.update import TorchBackend
     from mcprl_train.loop.warm_start import Demonstration
+
+TaskData: TypeAlias = "tuple[TaskSet, list[Task]]"
+"""The indexed training set and the fixed validation subset (`load_tasks`)."""
 
 logger = structlog.get_logger()
 
@@ -235,7 +238,7 @@ def load_task_source(spec: str, *, name: str) -> TaskSet:
     return tasks
 
 
-def load_tasks(config: Config) -> tuple[TaskSet, list[Task]]:
+def load_tasks(config: Config) -> TaskData:
     """The training set (indexed, validated) and the fixed validation subset (empty without validation).
 
     Raises:

@@ -33,6 +33,7 @@ from mcprl_train.config import DEFAULT_PROFILE, Config, list_profiles
 from mcprl_train.errors import TrainError
 
 if TYPE_CHECKING:
+    from mcprl_train.build import TaskData
     from mcprl_train.loop.trainer import BackendFactory
     from mcprl_train.run.run_dir import RunDir
 
@@ -289,14 +290,9 @@ def _train_config(args: argparse.Namespace) -> tuple[Config, RunDir | None]:
 
 
 def _open_run(config: Config, resumed: RunDir | None) -> tuple[Config, RunDir, bool]:
-    """``(config, run directory, resume)``: a new run directory, or the resumed one with its config updated.
-
-    The task files are read and validated first: a missing or malformed file fails before anything is written.
-    """
-    from mcprl_train import build
+    """``(config, run directory, resume)``: a new run directory, or the resumed one with its config updated."""
     from mcprl_train.run.run_dir import RunDir
 
-    build.load_tasks(config)
     if resumed is None:
         return config, RunDir.create(config), False
     resumed.write_config(config)
@@ -304,6 +300,8 @@ def _open_run(config: Config, resumed: RunDir | None) -> tuple[Config, RunDir, b
 
 
 def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from mcprl_train import build
+
     config, resumed = _train_config(args)
     if config.distributed.backend == "deepspeed":
         from mcprl_train.parallel.launch import launched, relaunch, train_rank
@@ -311,15 +309,26 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if not launched():
             # Nothing is created here: the workers resolve the run (rank 0) and share it.
             return relaunch(config.distributed.num_gpus, argv, device=config.model.device)
-        return train_rank(lambda: _open_run(config, resumed), run_training)
+
+        def open_validated_run() -> tuple[Config, RunDir, bool]:
+            build.load_tasks(config)  # rank 0 fails before it writes anything; each rank's trainer reads them
+            return _open_run(config, resumed)
+
+        return train_rank(open_validated_run, run_training)
+    tasks = build.load_tasks(config)  # a missing or malformed task file fails before anything is written
     config, run_dir, resume = _open_run(config, resumed)
-    summary = run_training(config, run_dir, resume)
+    summary = run_training(config, run_dir, resume, tasks=tasks)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0
 
 
 def run_training(
-    config: Config, run_dir: RunDir, resume: bool, backend: BackendFactory | None = None
+    config: Config,
+    run_dir: RunDir,
+    resume: bool,
+    backend: BackendFactory | None = None,
+    *,
+    tasks: TaskData | None = None,
 ) -> dict[str, Any]:
     """One process's training run (one rank's in a data-parallel run); returns the summary.
 
@@ -349,6 +358,7 @@ def run_training(
             run_dir,
             resume=resume,
             backend=backend,
+            tasks=tasks,
             sinks=(tracker,) if tracker is not None else (),
         )
         return trainer.run()

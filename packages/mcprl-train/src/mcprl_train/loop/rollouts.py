@@ -81,8 +81,11 @@ class Rollouts:
         )
 
     async def validate(self, tasks: Sequence[Task], *, label: str, namespace: str) -> dict[str, float]:
-        """`val/*` metrics of the newest weights over every rank's share of ``tasks`` (collective)."""
-        self.sync()  # evaluations inside the warm start run between optimizer steps
+        """`val/*` metrics over every rank's share of ``tasks`` (collective), from the weights last `sync`ed.
+
+        The trainer syncs after every update, restore and warm start, so a validation costs no extra gather of
+        the weights (a collective under DeepSpeed).
+        """
         self.backend.policy.eval()
         self.progress.work(f"validate ({label})", total=-(-len(tasks) // self.world))
         try:

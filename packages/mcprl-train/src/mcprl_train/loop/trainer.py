@@ -21,6 +21,7 @@ from mcprl_env import Environment, EpisodeGroup, Task
 from mcprl_policy import Policy, PolicySampler
 from mcprl_policy.decode import end_of_turn_ids
 from mcprl_train import build, collectives
+from mcprl_train.build import TaskData
 from mcprl_train.config import Config
 from mcprl_train.loop.collection import check_invalid_rate, rollout_metrics
 from mcprl_train.loop.learner import Learner, mean_over_ranks
@@ -52,6 +53,7 @@ class Trainer:
         resume: Continue from the run directory's last complete checkpoint.
         backend: Builds the trained policy and its update backend (`BackendFactory`); None: this process
             (`mcprl_train.build.torch_backend`).
+        tasks: The task data already read by the caller (`mcprl_train.build.load_tasks`); None reads it.
         sinks: Where metrics, episodes and the summary go besides the run directory and the console (the
             tracker). Rank 0 alone writes to any sink.
         hooks: Called as `hook(event, trainer)` at `before_rollout`, `after_rollout`, `after_update`,
@@ -67,6 +69,7 @@ class Trainer:
         *,
         resume: bool = False,
         backend: BackendFactory | None = None,
+        tasks: TaskData | None = None,
         sinks: Sequence[MetricsSink] = (),
         hooks: tuple[Hook, ...] = (),
         progress: RunProgress | None = None,
@@ -77,6 +80,7 @@ class Trainer:
         self.rank = collectives.rank()
         self.world = collectives.world_size()
         self.is_writer = self.rank == 0  # rank 0 alone writes the run directory
+        self.tasks = tasks
         self.backend_factory: BackendFactory = backend or (
             lambda source: build.torch_backend(config, source=source)
         )
@@ -124,7 +128,7 @@ class Trainer:
         seed_everything(cfg.run.seed)
         if (warning := build.tiny_profile_warning(cfg)) is not None:
             logger.warning("profile_made_for_the_tiny_model", detail=warning)
-        train_set, self.val_tasks = build.load_tasks(cfg)  # before anything heavy: a bad file fails fast
+        train_set, self.val_tasks = self.tasks or build.load_tasks(cfg)  # before anything heavy
         self.stream = TaskStream(train_set, seed=cfg.run.seed)
         loaded = self.find_checkpoint() if self.resume else None
         self.build_learning(loaded)
@@ -230,6 +234,7 @@ class Trainer:
             self.log_metrics("sft", self.state.step, metrics)
             self.progress.step_done()
             if cfg.eval_every and self.state.sft_step % cfg.eval_every == 0 and self.state.sft_step < total:
+                self.sync_sampler()  # between optimizer steps: the samplers have not seen these weights
                 await self.evaluate("sft")
 
     async def grpo_step(self) -> dict[str, float]:
