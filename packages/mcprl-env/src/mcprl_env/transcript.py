@@ -42,7 +42,6 @@ class EnvSuffix:
         ids: ``text`` encoded (mask 0).
         drifted: The template rewrote earlier text beyond what the transcript bridges (``"report"`` mode).
         rendered: The whole conversation as the template renders it now (``text`` is its tail).
-        prompt_start: Where the generation prompt starts in ``rendered``.
     """
 
     messages: tuple[dict[str, Any], ...]
@@ -50,7 +49,6 @@ class EnvSuffix:
     ids: list[int]
     drifted: bool
     rendered: str
-    prompt_start: int
 
 
 def _first_difference(a: str, b: str, start: int = 0) -> int:
@@ -115,10 +113,13 @@ class Transcript:
         self.env_tokens = 0
         self.drift_count = 0
         # The rendering the latest prompt's text was cut from; in it, where the environment's text since the
-        # previous turn starts and where the generation prompt starts. Then the turn sampled after it.
+        # previous turn starts and where the generation prompt starts. Then the turn sampled after it. The
+        # generation prompt's start costs a second rendering, and only a template that rewrites earlier text
+        # needs it, so it is found on first use (`_prompt_start_in_rendered`).
         self._rendered = ""
         self._env_start = 0
-        self._prompt_start = 0
+        self._prompt_start: int | None = 0
+        self._prompt_messages = 0  # how many messages that rendering holds
         self._sampled_text = ""
         self._end_marker = ""
 
@@ -189,7 +190,6 @@ class Transcript:
         """
         conversation = [*self.messages, *new_messages]
         rendered = self.render(conversation, add_generation_prompt=True)
-        prompt_start = _common_prefix(self.render(conversation, add_generation_prompt=False), rendered)
         end = self._turn_end(rendered)
         drifted = isinstance(end, TemplateDriftError)
         if isinstance(end, TemplateDriftError):
@@ -204,7 +204,6 @@ class Transcript:
             ids=list(self._tok.encode(text, add_special_tokens=False)),
             drifted=drifted,
             rendered=rendered,
-            prompt_start=max(prompt_start, end),
         )
 
     def commit_env(self, suffix: EnvSuffix) -> None:
@@ -218,14 +217,23 @@ class Transcript:
         self.drift_count += int(suffix.drifted)
         self._rendered = suffix.rendered
         self._env_start = len(suffix.rendered) - len(suffix.text)
-        self._prompt_start = suffix.prompt_start
+        self._prompt_start = None
+        self._prompt_messages = len(self.messages)
+
+    def _prompt_start_in_rendered(self) -> int:
+        """Where the generation prompt starts in the rendering the latest prompt was cut from."""
+        if self._prompt_start is None:
+            without = self.render(self.messages[: self._prompt_messages], add_generation_prompt=False)
+            self._prompt_start = max(_common_prefix(without, self._rendered), self._env_start)
+        return self._prompt_start
 
     def _turn_end(self, rendered: str) -> int | TemplateDriftError:
         """Where the turn just sampled ends in ``rendered`` (after its end-of-turn marker), or the drift."""
-        old, env, prompt = self._rendered, self._env_start, self._prompt_start
+        old, env = self._rendered, self._env_start
         held = old + self._sampled_text
         if rendered.startswith(held):
             return len(held)
+        prompt = self._prompt_start_in_rendered()
         if not rendered.startswith(old[:env]):
             return self._drift(held, rendered, _first_difference(held, rendered))
         i, k = _match_up_to_whitespace(old, env, prompt, rendered)
@@ -242,7 +250,7 @@ class Transcript:
         if not marker:
             return None
         at = -len(marker)
-        for _ in range(self._rendered.count(marker, 0, self._prompt_start) + 1):
+        for _ in range(self._rendered.count(marker, 0, self._prompt_start_in_rendered()) + 1):
             at = rendered.find(marker, at + len(marker))
             if at < 0:
                 return None
