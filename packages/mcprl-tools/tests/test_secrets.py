@@ -7,6 +7,7 @@ from structlog.testing import capture_logs
 from tools_testkit import flaky_server, make_server
 
 from mcprl_tools import ServersConfig, ServerStartError, ToolManager
+from mcprl_tools.config import is_literal_secret, redact_mapping
 
 pytestmark = pytest.mark.anyio
 
@@ -54,3 +55,26 @@ async def test_check_health_probes_every_server() -> None:
     async with ToolManager.in_memory({"a": make_server("a"), "b": make_server("b")}) as manager:
         assert await manager.check_health() == {"a": True, "b": True}
         assert manager.metrics()["tools/a/catalogue_changed"] == 0
+
+
+async def test_a_literal_env_value_is_a_secret_too(marker: str) -> None:
+    literal = flaky_server(marker)
+    literal["env"] = {**literal["env"], "API_KEY": CANARY, "VERBOSE": "1"}
+    cfg = ServersConfig.from_dict({"mcpServers": {"holder": literal}})
+    assert CANARY in cfg.servers["holder"].secrets
+    assert "1" not in cfg.servers["holder"].secrets  # a short flag is not blanked out of every output
+    with capture_logs() as logs:
+        async with ToolManager(cfg) as manager:
+            key = await manager.call("holder.getenv", {"name": "API_KEY"})
+            flag = await manager.call("holder.getenv", {"name": "VERBOSE"})
+    assert key.text == "***"
+    assert flag.text == "1"
+    assert CANARY not in repr(cfg)
+    assert CANARY not in repr(logs)
+
+
+def test_literal_secrets_need_eight_characters_and_no_reference() -> None:
+    assert is_literal_secret("sk-12345")
+    assert not is_literal_secret("sk-1234")
+    assert not is_literal_secret("Bearer ${TOKEN}")  # the expanded value is the secret, not the template
+    assert redact_mapping({"A": "sk-12345", "B": "${B}", "C": "x"}) == {"A": "***", "B": "${B}", "C": "x"}

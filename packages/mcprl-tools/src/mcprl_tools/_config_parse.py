@@ -20,6 +20,24 @@ if TYPE_CHECKING:
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
+LITERAL_SECRET_MIN_LEN = 8
+"""A literal ``env``/``headers`` value this long or longer is a secret; shorter ones are flags (``1``,
+``true``, ``info``) that redaction would blank out of every tool output without hiding anything."""
+
+REDACTED = "***"
+"""What a secret is replaced with wherever mcprl writes or prints it."""
+
+
+def is_literal_secret(value: str) -> bool:
+    """Whether an ``env``/``headers`` value written literally (no ``${VAR}``) is treated as a secret."""
+    return _VAR.search(value) is None and len(value) >= LITERAL_SECRET_MIN_LEN
+
+
+def redact_mapping(values: Mapping[str, str]) -> dict[str, str]:
+    """``values`` with every literal secret replaced by `REDACTED` (``${VAR}`` references stay as written)."""
+    return {k: REDACTED if is_literal_secret(v) else v for k, v in values.items()}
+
+
 SERVER_KEYS = (
     "type",
     "transport",
@@ -217,9 +235,11 @@ def parse_server(
                     for a in _string_list(ctx, at, val)
                 )
             case "env" | "headers":
+                written = ctx.str_mapping(val, where=at)
+                secrets.update(v for v in written.values() if is_literal_secret(v))
                 out[key] = {
                     k: ctx.expand(v, where=f'{at}, "{k}"', secrets=secrets, variables=variables)
-                    for k, v in ctx.str_mapping(val, where=at).items()
+                    for k, v in written.items()
                 }
             case _:
                 out.update(_parse_option(ctx, where, key, val))

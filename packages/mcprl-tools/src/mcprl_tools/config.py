@@ -10,7 +10,9 @@
 ```
 
 `${VAR}` references are expanded from the environment when the file is loaded; the values are passed only to
-the server that names them and are redacted (`ServerConfig.redact`) wherever text may reach a log. Each
+the server that names them and are redacted (`ServerConfig.redact`) wherever text may reach a log. A value
+written literally in `env` or `headers` is a secret too when it has at least `LITERAL_SECRET_MIN_LEN` (8)
+characters: shorter ones are flags (`1`, `true`) that redaction would blank out of every tool output. Each
 server lists the variables it references (`ServerConfig.variables`); loading with `missing_variables="keep"`
 leaves unset ones as written instead of raising, so a checker can name every missing variable at once.
 """
@@ -27,7 +29,14 @@ from typing import Any, Literal
 import attrs
 import yaml
 
-from mcprl_tools._config_parse import ParseContext, parse_server
+from mcprl_tools._config_parse import (
+    LITERAL_SECRET_MIN_LEN,
+    REDACTED,
+    ParseContext,
+    is_literal_secret,
+    parse_server,
+    redact_mapping,
+)
 from mcprl_tools.errors import ConfigError
 
 Transport = Literal["stdio", "http", "memory"]
@@ -36,6 +45,19 @@ MissingVariables = Literal["raise", "keep"]
 """What an unset `${VAR}` does when loading: raise `MissingVariableError`, or stay in the value as written."""
 
 _TOP_KEYS = ("mcpServers", "defaults", "aliases")
+
+__all__ = [
+    "LITERAL_SECRET_MIN_LEN",
+    "REDACTED",
+    "CatalogueChangePolicy",
+    "MissingVariables",
+    "RestartPolicy",
+    "ServerConfig",
+    "ServersConfig",
+    "Transport",
+    "is_literal_secret",
+    "redact_mapping",
+]
 
 
 def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -93,7 +115,8 @@ class ServerConfig:
         aliases: Argument aliases for this server's tools (`alias -> canonical`).
         on_catalogue_change: What to do when the tool catalogue changes mid-run.
         health_interval: Seconds between background health pings, or None for on-demand only.
-        secrets: Values expanded from `${VAR}` references, redacted by `redact`.
+        secrets: Values expanded from `${VAR}` references and literal `env`/`headers` values of at least
+            `LITERAL_SECRET_MIN_LEN` characters, redacted by `redact`.
         variables: Names of the environment variables its `${VAR}` references read, set or not.
     """
 
@@ -143,7 +166,7 @@ class ServerConfig:
         """Replace every secret value of this server in `text` with `***`."""
         for secret in sorted(self.secrets, key=len, reverse=True):
             if secret:
-                text = text.replace(secret, "***")
+                text = text.replace(secret, REDACTED)
         return text
 
     def redact_json(self, value: object) -> object:
@@ -155,7 +178,7 @@ class ServerConfig:
             return value
         for secret in sorted(self.secrets, key=len, reverse=True):
             if secret:
-                encoded = encoded.replace(json.dumps(secret, ensure_ascii=False)[1:-1], "***")
+                encoded = encoded.replace(json.dumps(secret, ensure_ascii=False)[1:-1], REDACTED)
         return json.loads(encoded)
 
     def exposes(self, tool: str) -> bool:

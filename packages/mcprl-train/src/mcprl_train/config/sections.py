@@ -7,7 +7,7 @@ the warm start, evaluation, the run, tracking and distribution.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import attrs
 from attrs import validators as v
@@ -105,10 +105,30 @@ class ServersFile:
 class InlineServers:
     """The ``mcpServers`` mapping inline (name → ``{"command", "args", "env", ...}``): ``tools.mcp_servers``.
 
-    ``${VAR}`` in values refers to environment variables.
+    ``${VAR}`` in values refers to environment variables. Secrets written literally in ``env``/``headers``
+    are never saved: the run's ``config.yaml`` holds ``***`` in their place (see `redacted`), and resuming
+    such a run asks for them again.
     """
 
     servers: dict[str, Any]
+
+    def redacted(self) -> dict[str, Any]:
+        """`servers` with each literal secret in ``env``/``headers`` replaced by ``***``."""
+        from mcprl_tools.config import redact_mapping
+
+        out: dict[str, Any] = {}
+        for name, server in self.servers.items():
+            if isinstance(server, dict):
+                entry = cast(dict[str, Any], server)
+                out[name] = {
+                    key: redact_mapping(cast(dict[str, str], value))
+                    if key in ("env", "headers") and isinstance(value, dict)
+                    else value
+                    for key, value in entry.items()
+                }
+            else:
+                out[name] = server
+        return out
 
 
 @attrs.frozen(kw_only=True)
@@ -174,13 +194,13 @@ class ToolsConfig:
         allow = structure(data.get("allow_tools") or {}, dict[str, tuple[str, ...]], f"{path}.allow_tools")
         return cls(source=source, allow_tools=allow)
 
-    def to_data(self) -> dict[str, Any]:
-        """The tree's shape of this section (what `from_data` reads)."""
+    def to_data(self, *, redact: bool = False) -> dict[str, Any]:
+        """The tree's shape of this section (what `from_data` reads); ``redact``: see `InlineServers.redacted`."""
         match self.source:
             case ServersFile(path=path):
                 data: dict[str, Any] = {"servers": path}
-            case InlineServers(servers=servers):
-                data = {"mcp_servers": dict(servers)}
+            case InlineServers(servers=servers) as inline:
+                data = {"mcp_servers": inline.redacted() if redact else dict(servers)}
             case OfflineServers(names=names):
                 data = {"offline": list(names)}
         return {**data, "allow_tools": {k: list(t) for k, t in self.allow_tools.items()}}

@@ -156,15 +156,20 @@ class Config:
             raise ConfigError(f"config: expected a mapping at the top level, got {type(data).__name__}")
         return structure_class(_fill_turns(data), cls, "")
 
-    def to_dict(self) -> dict[str, Any]:
-        """The resolved tree as plain YAML/JSON-able data (tuples become lists)."""
+    def to_dict(self, *, redact: bool = False) -> dict[str, Any]:
+        """The resolved tree as plain YAML/JSON-able data (tuples become lists).
+
+        Args:
+            redact: Replace the secrets written literally in inline servers' ``env``/``headers``
+                (`mcprl_tools.config.is_literal_secret`) with ``***``: for whatever is written or printed.
+        """
         data: dict[str, Any] = plain_data(attrs.asdict(self, recurse=True))
-        data["tools"] = self.tools.to_data()
+        data["tools"] = self.tools.to_data(redact=redact)
         return data
 
     def to_yaml(self) -> str:
-        """The resolved tree as YAML (what ``mcprl-train config`` prints and every run saves)."""
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        """The resolved tree as YAML, secrets redacted (what ``mcprl-train config`` prints and every run saves)."""
+        return yaml.safe_dump(self.to_dict(redact=True), sort_keys=False)
 
     def replace(self, overrides: Sequence[str]) -> Config:
         """A copy with ``section.key=value`` overrides applied (validated like `load`)."""
@@ -197,14 +202,16 @@ def _merge_layer(base: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str,
     """Deep-merge ``layer`` over ``base``; a layer naming a tools source replaces the other sources.
 
     The earlier layers' ``tools.allow_tools`` narrowed the servers of the source being replaced, so it goes
-    with it (a layer that names a source may give its own allow-lists).
+    with it (a layer that names a source may give its own allow-lists). A layer naming the source the base
+    already has merges into it (``--set tools.mcp_servers.NAME.env.KEY=VALUE`` sets one value).
     """
     tools = layer.get("tools")
-    if is_mapping(tools) and is_mapping(base.get("tools")):
+    base_tools = base.get("tools")
+    if is_mapping(tools) and is_mapping(base_tools):
         chosen = [k for k in _TOOL_SOURCES if tools.get(k) is not None]
-        if chosen:
+        if chosen and base_tools.get(chosen[0]) is None:
             dropped = {*_TOOL_SOURCES, "allow_tools"}
-            base = {**base, "tools": {k: v for k, v in base["tools"].items() if k not in dropped}}
+            base = {**base, "tools": {k: v for k, v in base_tools.items() if k not in dropped}}
     return deep_merge(base, layer)
 
 

@@ -170,7 +170,7 @@ class Tracker:
             id=_wandb_id(self.run_dir),
             resume="allow",
             dir=str(self.run_dir.path),
-            config=self.config.to_dict(),
+            config=self.config.to_dict(redact=True),
             mode=self.wandb_mode,
         )
         logger.info("wandb_started", mode=self.wandb_mode, dir=str(self.run_dir.path / "wandb"))
