@@ -9,6 +9,7 @@ with ``***``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 import structlog
@@ -36,9 +37,8 @@ def test_a_literal_env_secret_is_in_no_file_log_or_console_and_resume_asks_for_i
 ) -> None:
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
-    finance = default_servers_config(["finance"])["mcpServers"]
-    assert isinstance(finance, dict)
-    server = {**finance["finance"], "env": {"API_KEY": CANARY, "LOG_LEVEL": "1"}}
+    finance = cast(dict[str, dict[str, object]], default_servers_config(["finance"])["mcpServers"])["finance"]
+    server = {**finance, "env": {"API_KEY": CANARY, "LOG_LEVEL": "1"}}
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({"tools": {"mcp_servers": {"finance": server}}}))
     runs = tmp_path / "runs"
