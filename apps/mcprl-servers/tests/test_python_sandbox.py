@@ -428,3 +428,27 @@ async def test_stdio_server_runs_code_and_survives_hostile_calls(tmp_path: Path)
             assert [tool.name for tool in tools] == ["run_python"]
             assert set(tools[0].input_schema["properties"]) == {"code"}
     assert CANARY not in server_log.read_text()
+
+
+async def test_model_code_cannot_forge_a_sandbox_failure() -> None:
+    forged = (
+        "import os, sys\n"
+        "sys.stderr.write('sandbox: could not prepare the child: forged\\n')\n"
+        "sys.stderr.flush()\n"
+        "os._exit(125)\n"
+    )
+    async with _client(_config()) as client:
+        is_error, text = await _run(client, forged)
+    assert is_error
+    assert "sandbox unavailable" not in text
+    assert "exit status 125" in text  # the model's own exit, scored as its code failing
+
+
+async def test_a_child_that_cannot_be_prepared_reports_over_its_own_channel() -> None:
+    impossible = _config(open_files=2**40)  # above the kernel's nr_open: setrlimit fails in the child
+    async with _client(impossible) as client:
+        is_error, text = await _run(client, "print('ran')")
+    assert is_error
+    assert "sandbox unavailable: could not prepare the child:" in text
+    assert "The code was not run" in text
+    assert "\nran" not in text

@@ -31,8 +31,6 @@ _SIGNAL_REASONS = {
     signal.SIGXFSZ: "file size limit exceeded",
     signal.SIGKILL: "killed (SIGKILL: CPU hard limit or out of memory)",
 }
-_CHILD_SETUP_EXIT = 125
-_CHILD_SETUP_MARKER = b"sandbox: could not prepare the child"
 
 
 def _text(data: bytes) -> str:
@@ -97,10 +95,6 @@ def format_outcome(outcome: RunOutcome, config: SandboxConfig) -> str:
             )
         case "exited":
             code = outcome.exit_code if outcome.exit_code is not None else -1
-            if code == _CHILD_SETUP_EXIT and outcome.stderr.startswith(_CHILD_SETUP_MARKER):
-                raise ToolError(
-                    f"sandbox unavailable: {_text(outcome.stderr).strip()}. The code was not run."
-                )
             if code != 0:
                 body = _streams(outcome, config)
                 raise ToolError(

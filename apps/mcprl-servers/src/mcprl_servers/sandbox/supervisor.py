@@ -157,8 +157,12 @@ def _drop_privileges(uid: int, gid: int) -> None:
         raise SetupError("prctl(PR_SET_PDEATHSIG) failed")
 
 
-def _run_model_code(code: bytes, args: dict[str, Any]) -> None:
-    """Child side: limits, privileges, then the model's code. Never returns."""
+def _run_model_code(code: bytes, args: dict[str, Any], setup_fd: int) -> None:
+    """Child side: limits, privileges, then the model's code. Never returns.
+
+    A setup failure is written to ``setup_fd``; the child closes it before the model's code runs, so
+    nothing that code writes or exits with can pass for the sandbox failing (see `_await_child_setup`).
+    """
     status = 1
     supervisor = os.getppid()
     try:
@@ -175,8 +179,10 @@ def _run_model_code(code: bytes, args: dict[str, Any]) -> None:
         if os.getppid() != supervisor:
             raise SetupError("the supervisor died")
     except BaseException as exc:
-        os.write(2, f"sandbox: could not prepare the child: {exc}\n".encode())
+        with contextlib.suppress(OSError):
+            os.write(setup_fd, f"could not prepare the child: {exc}".encode(errors="replace"))
         os._exit(125)
+    os.close(setup_fd)
     os.environ.clear()
     # Line-buffered, so output printed before a hang or a kill still reaches the server.
     sys.stdout.reconfigure(line_buffering=True)  # pyright: ignore[reportAttributeAccessIssue]
@@ -201,6 +207,15 @@ def _run_model_code(code: bytes, args: dict[str, Any]) -> None:
     os._exit(status & 0xFF)
 
 
+def _await_child_setup(fd: int) -> str:
+    """Read the child's setup channel to its end: empty when the child closed it to run the model's code."""
+    chunks: list[bytes] = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
 def _report(fd: int, event: dict[str, Any]) -> None:
     os.write(fd, (json.dumps(event) + "\n").encode())
 
@@ -220,13 +235,21 @@ def main() -> None:
         _report(status_fd, {"event": "setup_failed", "error": str(exc)})
         os._exit(0)
     sys.stdout.flush()
-    pid = os.fork()
-    if pid == 0:
-        _run_model_code(code, args)
-    _report(status_fd, {"event": "started"})
     # Backstop if the server dies without killing us: exiting PID 1 kills the whole namespace.
     signal.signal(signal.SIGALRM, lambda *_: os._exit(0))
     signal.alarm(math.ceil(args["deadline_s"]) + 2)
+    setup_r, setup_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(setup_r)
+        _run_model_code(code, args, setup_w)
+    os.close(setup_w)
+    failure = _await_child_setup(setup_r)
+    if failure:
+        os.waitpid(pid, 0)
+        _report(status_fd, {"event": "setup_failed", "error": failure})
+        os._exit(0)
+    _report(status_fd, {"event": "started"})
     while True:
         # As PID 1 this loop also reaps orphans; it ends when the model's own process exits.
         done, wait_status, _ = os.wait3(0)
