@@ -20,7 +20,7 @@ as root, a throw-away uid — no network or filesystem isolation. Opt-in only.""
 
 _MIB = 1024 * 1024
 DEFAULT_HIDDEN_PATHS = ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/run", "/mnt", "/media", "/srv")
-_ENV_PREFIX = "MCPRL_SANDBOX_"
+ENV_PREFIX = "MCPRL_SANDBOX_"
 _SYSTEM_PATHS = frozenset(
     {"/", "/bin", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/sbin", "/sys", "/usr"}
 )
@@ -143,11 +143,11 @@ class SandboxConfig:
         fields = {f.name: f for f in attrs.fields(cls)}
         values: dict[str, object] = {}
         for key, raw in env.items():
-            if not key.startswith(_ENV_PREFIX):
+            if not key.startswith(ENV_PREFIX):
                 continue
-            name = key[len(_ENV_PREFIX) :].lower()
+            name = key[len(ENV_PREFIX) :].lower()
             if name not in fields:
-                valid = ", ".join(_ENV_PREFIX + n.upper() for n in fields)
+                valid = ", ".join(ENV_PREFIX + n.upper() for n in fields)
                 raise ValueError(f"unknown sandbox setting {key}; valid: {valid}")
             values[name] = _parse(name, raw)
         values.update(overrides)
