@@ -1,7 +1,7 @@
 """Python sandbox MCP server: ``run_python(code)`` runs model-written code in an isolated process tree.
 
 The code is hostile input. The server process never runs it: every call starts a supervisor in fresh
-namespaces (see :mod:`mcprl_servers.sandbox`) under a wall-clock deadline, rlimits, an empty
+namespaces (see :mod:`mcprl_servers.sandbox`) under a wall-clock deadline, rlimits, a memory cgroup, an empty
 environment, a scratch tmpfs, a read-only filesystem, no network and a throw-away uid. Limits come from
 the server's environment (``MCPRL_SANDBOX_*``) or command line, never from the model.
 
@@ -95,6 +95,13 @@ def format_outcome(outcome: RunOutcome, config: SandboxConfig) -> str:
             )
         case "exited":
             code = outcome.exit_code if outcome.exit_code is not None else -1
+            if code != 0 and outcome.oom_killed:
+                body = _streams(outcome, config)
+                raise ToolError(
+                    f"out of memory: the call held more than {config.memory_bytes // (1 << 20)} MiB in all "
+                    "(its processes, shared memory and files together) and was killed.\n"
+                    f"{config.describe_limits()}" + (f"\n{body}" if body else "")
+                )
             if code != 0:
                 body = _streams(outcome, config)
                 raise ToolError(

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import attrs
 
+MemoryCgroup = Literal["auto", "required", "off"]
+"""Whether each call gets a memory cgroup bounding all it holds (see ``SandboxConfig.memory_cgroup``)."""
 Isolation = Literal["namespaces", "process"]
 """``namespaces``: PID, network, mount, IPC and UTS namespaces, read-only filesystem, throw-away uid
 (requires root or CAP_SYS_ADMIN). ``process``: own session, rlimits, empty environment, scratch dir and,
@@ -66,7 +68,11 @@ class SandboxConfig:
     Attributes:
         deadline_s: Wall-clock deadline of one call; everything the call started is killed at it.
         cpu_s: RLIMIT_CPU per process (SIGXCPU at the limit, SIGKILL one second later).
-        memory_bytes: RLIMIT_AS per process.
+        memory_bytes: RLIMIT_AS per process, and the whole call's memory (every process, memfd, shared
+            memory, tmpfs pages) where a memory cgroup is used (see ``memory_cgroup``).
+        memory_cgroup: ``auto``: bound each call with a memory cgroup where the server can create one
+            (`mcprl_servers.sandbox.cgroup`), else rely on the rlimits; ``required``: refuse to run code
+            without one; ``off``: rlimits only.
         file_size_bytes: RLIMIT_FSIZE: the largest file a process may write.
         scratch_bytes: Size of the scratch tmpfs (the only writable place; ``namespaces`` only).
         scratch_inodes: Inode quota of the scratch tmpfs.
@@ -108,6 +114,9 @@ class SandboxConfig:
     scratch_dir: str = attrs.field(default="/tmp/sandbox", validator=_scratch_in_hidden)
     uid_range: tuple[int, int] = attrs.field(default=(1_000_000_000, 1_100_000_000), validator=_uid_range)
     unshare_path: str | None = attrs.field(factory=lambda: shutil.which("unshare"))
+    memory_cgroup: MemoryCgroup = attrs.field(
+        default="auto", validator=attrs.validators.in_(("auto", "required", "off"))
+    )
 
     def limits(self) -> dict[str, int]:
         """The rlimits applied to the model's process, keyed by lower-case RLIMIT name."""
@@ -158,7 +167,7 @@ def _parse(name: str, raw: str) -> object:
     match name:
         case "deadline_s":
             return float(raw)
-        case "isolation" | "scratch_dir" | "unshare_path":
+        case "isolation" | "scratch_dir" | "unshare_path" | "memory_cgroup":
             return raw
         case "hidden_paths":
             return tuple(p for p in raw.split(os.pathsep) if p)

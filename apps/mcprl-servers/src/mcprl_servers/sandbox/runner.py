@@ -10,6 +10,7 @@ PID namespace's init, which makes the kernel kill every process of the call.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -27,6 +28,7 @@ import attrs
 from anyio.abc import ByteReceiveStream, Process
 from structlog import get_logger
 
+from mcprl_servers.sandbox.cgroup import CallCgroup, memory_hierarchy, sweep_stale
 from mcprl_servers.sandbox.config import SandboxConfig
 
 _SUPERVISOR = Path(__file__).with_name("supervisor.py")
@@ -51,6 +53,7 @@ class RunOutcome:
         setup_error: Why isolation failed, for ``setup_failed``.
         peak_rss_kib: Largest resident set of any process of the call, when the supervisor reported it.
         wall_s: Wall time of the call.
+        oom_killed: The kernel killed a process of the call for reaching its memory cgroup's limit.
     """
 
     status: Status
@@ -61,6 +64,7 @@ class RunOutcome:
     setup_error: str | None
     peak_rss_kib: int | None
     wall_s: float
+    oom_killed: bool = False
 
 
 @attrs.define
@@ -144,7 +148,40 @@ async def _sweep_uid(uid: int) -> None:
     )
 
 
-def _outcome(capture: _Capture, timed_out: bool, wall_s: float) -> RunOutcome:
+def _call_cgroup(config: SandboxConfig) -> CallCgroup | None:
+    """This call's memory cgroup, per ``config.memory_cgroup``.
+
+    Raises:
+        OSError: ``required`` and none can be made here (the reason says why).
+    """
+    if config.memory_cgroup == "off":
+        return None
+    hierarchy = _hierarchy()
+    if hierarchy is None:
+        if config.memory_cgroup == "required":
+            raise OSError(
+                "no writable memory cgroup hierarchy for this server (cgroup v1 memory controller, or v2 with "
+                "memory in the server's cgroup.subtree_control); set MCPRL_SANDBOX_MEMORY_CGROUP=auto to run "
+                "with rlimits only"
+            )
+        return None
+    return CallCgroup.create(*hierarchy, config.memory_bytes)
+
+
+@functools.cache
+def _hierarchy() -> tuple[Path, int] | None:
+    found = memory_hierarchy()
+    stale = sweep_stale(found[0]) if found else 0
+    _log.info(
+        "sandbox_memory_cgroup",
+        where=str(found[0]) if found else None,
+        version=found and found[1],
+        swept=stale,
+    )
+    return found
+
+
+def _outcome(capture: _Capture, timed_out: bool, wall_s: float, oom_killed: bool) -> RunOutcome:
     events = {event["event"]: event for event in capture.events}
     exited = events.get("exited", {})
     status: Status
@@ -169,6 +206,7 @@ def _outcome(capture: _Capture, timed_out: bool, wall_s: float) -> RunOutcome:
         setup_error=setup_error,
         peak_rss_kib=exited.get("peak_rss_kib"),
         wall_s=wall_s,
+        oom_killed=oom_killed,
     )
 
 
@@ -183,8 +221,15 @@ async def run_sandboxed(code: str, config: SandboxConfig) -> RunOutcome:
     if config.isolation == "process":
         scratch = tempfile.mkdtemp(prefix="mcprl-sandbox-")
         os.chown(scratch, uid, gid)
+    try:
+        cgroup = _call_cgroup(config)
+    except BaseException:
+        if config.isolation == "process":
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
     status_r, status_w = os.pipe()
     args = {
+        "cgroup_procs": None if cgroup is None else str(cgroup.procs),
         "mode": config.isolation,
         "status_fd": status_w,
         "host_mnt_ns": os.readlink("/proc/self/ns/mnt"),
@@ -214,6 +259,8 @@ async def run_sandboxed(code: str, config: SandboxConfig) -> RunOutcome:
         os.close(status_r)
         if config.isolation == "process":
             shutil.rmtree(scratch, ignore_errors=True)
+        if cgroup is not None:
+            cgroup.remove()
         raise
     finally:
         os.close(status_w)
@@ -234,7 +281,7 @@ async def run_sandboxed(code: str, config: SandboxConfig) -> RunOutcome:
         if config.isolation == "process":
             await _sweep_uid(uid)
 
-    timed_out = False
+    timed_out = oom_killed = False
     try:
         with anyio.move_on_after(config.deadline_s) as scope:
             async with anyio.create_task_group() as tg:
@@ -260,6 +307,9 @@ async def run_sandboxed(code: str, config: SandboxConfig) -> RunOutcome:
             os.close(status_r)
             if config.isolation == "process":
                 shutil.rmtree(scratch, ignore_errors=True)
-    outcome = _outcome(capture, timed_out, time.monotonic() - start)
+            if cgroup is not None:
+                oom_killed = cgroup.oom_kills() > 0
+                await anyio.to_thread.run_sync(cgroup.remove)
+    outcome = _outcome(capture, timed_out, time.monotonic() - start, oom_killed)
     _log.debug("sandbox_finished", status=outcome.status, exit_code=outcome.exit_code, wall_s=outcome.wall_s)
     return outcome

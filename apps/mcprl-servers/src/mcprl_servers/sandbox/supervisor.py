@@ -135,6 +135,42 @@ def _setup_filesystem(args: dict[str, Any]) -> None:
         raise SetupError(f"scratch {scratch} must sit directly inside a hidden directory")
 
 
+def _join_cgroup(procs: str) -> None:
+    """Move this process into the call's memory cgroup; the model's process, forked later, is born in it.
+
+    The model's processes raise their OOM score to the maximum (see `_run_model_code`) and the supervisor
+    lowers its own where the kernel lets it, so reaching the limit kills the model's processes and the
+    supervisor reports it.
+    """
+    try:
+        with open(procs, "w", encoding="ascii") as fh:
+            fh.write("0")
+    except OSError as exc:
+        raise SetupError(
+            f"could not join the memory cgroup {os.path.dirname(procs)}: {exc.strerror}"
+        ) from exc
+    _oom_score_adj(-1000)
+
+
+def _oom_score_adj(value: int) -> None:
+    """Best effort: some kernels (and gVisor) refuse a lower score; the model's raised one still decides."""
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w", encoding="ascii") as fh:
+        fh.write(str(value))
+
+
+def _limit_ipc(shm_bytes: int) -> None:
+    """SysV shared memory of this IPC namespace: at most ``shm_bytes`` in all (the kernel's default is unlimited)."""
+    pages = max(1, -(-shm_bytes // os.sysconf("SC_PAGE_SIZE")))
+    for name, value in (("shmmax", shm_bytes), ("shmall", pages), ("shmmni", 16)):
+        try:
+            with open(f"/proc/sys/kernel/{name}", "w", encoding="ascii") as fh:
+                fh.write(str(value))
+        except OSError as exc:
+            raise SetupError(
+                f"could not set kernel.{name} in the call's IPC namespace: {exc.strerror}"
+            ) from exc
+
+
 def _set_limits(limits: dict[str, int]) -> None:
     for name, value in limits.items():
         which = getattr(resource, f"RLIMIT_{name.upper()}")
@@ -174,6 +210,8 @@ def _run_model_code(code: bytes, args: dict[str, Any], setup_fd: int) -> None:
         os.close(devnull)
         os.chdir(args["scratch"])
         os.umask(0o077)
+        if args["cgroup_procs"] is not None:
+            _oom_score_adj(1000)
         _set_limits(args["limits"])
         _drop_privileges(args["uid"], args["gid"])
         if os.getppid() != supervisor:
@@ -229,7 +267,10 @@ def main() -> None:
     _report(status_fd, {"event": "supervisor", "host_pid": int(os.readlink("/proc/self"))})
     code = sys.stdin.buffer.read()
     try:
+        if args["cgroup_procs"] is not None:
+            _join_cgroup(args["cgroup_procs"])
         if args["mode"] == "namespaces":
+            _limit_ipc(args["shm_bytes"])
             _setup_filesystem(args)
     except (SetupError, OSError) as exc:
         _report(status_fd, {"event": "setup_failed", "error": str(exc)})
