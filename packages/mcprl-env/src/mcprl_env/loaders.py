@@ -3,7 +3,8 @@
 A task file is read a chunk at a time and never held in memory: a JSON array is decoded item by item with
 `json.JSONDecoder.raw_decode` over a sliding buffer, JSON lines line by line. Shuffling uses either a bounded
 buffer or an index of byte offsets (8 bytes per task) that gives exact, resumable per-epoch permutations.
-Every validation error names the file, the line where the item starts, the item index and the field.
+Every validation error names the file, the line where the item starts, the item index and the field. A
+``python`` checker's file is found relative to the task file's directory.
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ def _iter_lines(fh: BinaryIO, source: str, max_item_chars: int) -> Iterator[_Raw
 
 def _validated(item: _RawItem, source: str) -> Task:
     try:
-        return task_from_dict(item.value)
+        return task_from_dict(item.value, base_dir=Path(source).parent)
     except TaskValidationError as exc:
         raise exc.located(source=source, line=item.line, index=item.index) from None
 
