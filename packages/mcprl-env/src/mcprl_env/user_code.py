@@ -125,7 +125,11 @@ def load_user_function(spec: str, *, base_dir: str | Path | None = None) -> User
             raise UserCodeImportError(f"{spec!r}: cannot import module {origin!r}: {_describe(exc)}") from exc
     function: object = getattr(module, function_name, None)
     if not callable(function):
-        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        public = sorted(
+            n
+            for n, v in vars(module).items()
+            if inspect.isfunction(v) and v.__module__ == module.__name__ and not n.startswith("_")
+        )
         raise UserCodeImportError(
             f"{spec!r}: {origin} has no function {function_name!r} (its functions: {', '.join(public) or 'none'})"
         )

@@ -7,7 +7,7 @@ Everything that turns config values into objects of the other packages lives her
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import structlog
 
@@ -264,17 +264,31 @@ def load_demos(config: Config) -> list[Demonstration]:
     A fraction `sft.teacher_noise` of them comes from `mcprl_tasks.imperfect_teacher` (guessed prices,
     needless calls, wrong answers; mistyped tickers retried after the error with `sft.teacher_typos`), the rest from `mcprl_tasks.ideal_demo`; both seeded by `run.seed`.
     The demo tasks are taken in a fixed seeded order, so the demonstration set is the same in every run.
+    Only tasks of the bundled families (`mcprl_tasks.FAMILIES`) have scripted demonstrations: the others (a
+    user's own families) are left to GRPO alone.
+
+    Raises:
+        ConfigError: no training task belongs to a family with demonstrations (set `sft.enabled=false`).
     """
     import random
 
     import mcprl_tasks
 
-    raw = mcprl_tasks.read_tasks(task_path(config.tasks.train, name="train"))
+    path = task_path(config.tasks.train, name="train")
+    raw = mcprl_tasks.read_tasks(path)
     rng = random.Random(f"demos:{config.run.seed}")
     order = list(range(len(raw)))
     rng.shuffle(order)
+    scripted = [i for i in order if _family(raw[i]) in mcprl_tasks.FAMILIES]
+    if not scripted:
+        families = sorted({str(_family(t)) for t in raw})
+        raise ConfigError(
+            f"sft.enabled: no task in {str(path)!r} has a scripted demonstration (its families: "
+            f"{', '.join(families)}; demonstrations exist for {', '.join(sorted(mcprl_tasks.FAMILIES))}); "
+            "set sft.enabled=false to train with GRPO alone"
+        )
     out: list[Demonstration] = []
-    for i in order[: config.sft.demos]:
+    for i in scripted[: config.sft.demos]:
         task = raw[i]
         if rng.random() < config.sft.teacher_noise:
             messages = mcprl_tasks.imperfect_teacher(task, rng, p_typo=config.sft.teacher_typos)
@@ -282,6 +296,11 @@ def load_demos(config: Config) -> list[Demonstration]:
             messages = mcprl_tasks.ideal_demo(task)
         out.append((str(task["id"]), messages, bool(mcprl_tasks.demo_succeeds(task, messages))))
     return out
+
+
+def _family(task: dict[str, Any]) -> object:
+    metadata: object = task.get("metadata")
+    return cast("dict[str, object]", metadata).get("family") if isinstance(metadata, dict) else None
 
 
 def first_tasks(tasks: IndexedTasks, n: int) -> list[Task]:
