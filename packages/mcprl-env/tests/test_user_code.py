@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import textwrap
 from pathlib import Path
 
@@ -94,6 +95,17 @@ def test_task_file_python_checker_resolves_next_to_the_task_file(tmp_path: Path)
     assert loaded.checker.resolved.origin == str((tmp_path / "family" / "grading.py").resolve())
     assert loaded.answer is None
     assert loaded.to_dict()["checker"] == {"type": "python", "function": "grading.py:grade"}
+
+
+def test_a_task_with_a_python_checker_pickles_by_reference(tmp_path: Path) -> None:
+    write(tmp_path / "grading4.py", "def grade(episode):\n    return True\n")
+    raw = {"id": "a", "prompt": "p", "checker": {"type": "python", "function": "grading4.py:grade"}}
+    task = task_from_dict(raw, base_dir=tmp_path)
+    again = pickle.loads(pickle.dumps(task))
+    assert again == task
+    assert isinstance(again.checker, PythonChecker)
+    assert isinstance(task.checker, PythonChecker)
+    assert again.checker.resolved.function is task.checker.resolved.function
 
 
 def test_a_checker_typo_fails_indexing_with_file_line_and_field(tmp_path: Path) -> None:

@@ -72,7 +72,8 @@ def _import_file(path: Path) -> ModuleType:
         if cached is not None:
             return cached
         digest = hashlib.sha1(key.encode()).hexdigest()[:12]
-        name = f"mcprl_user_code.{path.stem}_{digest}"
+        # A top-level name: pickle (DeepSpeed all-gathers episode groups, tasks included) imports it by name.
+        name = f"mcprl_user_code_{path.stem}_{digest}"
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
             raise UserCodeImportError(f"{path}: not importable as a Python file")
