@@ -2,13 +2,14 @@
 
 A checker (``{"type": "python", "function": "checks.py:grade"}`` in a task file) returns ``True``/``False``;
 a reward function (an ``env.reward.weights`` key such as ``checks.py:brevity``) returns a finite number that
-is multiplied by its weight. Either may be ``async`` (to query the servers through ``episode.manager``)::
+is multiplied by its weight. Either may be ``async`` (to query the servers through ``episode.manager``).
+A walk-through with a runnable example: ``docs/own-task-family.md``::
 
     from mcprl_env import FinishedEpisode
 
-    async def grade(episode: FinishedEpisode) -> bool:
+    def grade(episode: FinishedEpisode) -> bool:
         searched = any(c.name == "search" and c.ok for c in episode.tool_calls)
-        return searched and episode.answer is not None and episode.task.answer in episode.answer
+        return searched and episode.answer is not None and (episode.task.answer or "") in episode.answer
 
     def brevity(episode: FinishedEpisode) -> float:
         return -len(episode.answer or "") / 1000
