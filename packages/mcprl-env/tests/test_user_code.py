@@ -108,6 +108,22 @@ def test_a_task_with_a_python_checker_pickles_by_reference(tmp_path: Path) -> No
     assert again.checker.resolved.function is task.checker.resolved.function
 
 
+def test_a_task_set_default_checker_applies_to_tasks_that_name_none(tmp_path: Path) -> None:
+    write(tmp_path / "grading5.py", "def grade(episode):\n    return True\n")
+    default = load_user_function("grading5.py:grade", base_dir=tmp_path)
+    path = tmp_path / "tasks.jsonl"
+    rows = [
+        {"id": "a", "prompt": "p"},
+        {"id": "b", "prompt": "p", "answer": "1", "checker": {"type": "exact"}},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    checker = PythonChecker(function="grading5.py:grade", resolved=default)
+    first, second = TaskSet(path, default_checker=checker)
+    assert (first.checker, second.checker.type) == (checker, "exact")
+    with pytest.raises(TaskValidationError, match="required by the exact checker"):
+        list(TaskSet(path))
+
+
 def test_a_checker_typo_fails_indexing_with_file_line_and_field(tmp_path: Path) -> None:
     write(tmp_path / "grading3.py", "def grade(episode):\n    return True\n")
     good = {"id": "a", "prompt": "p", "checker": {"type": "python", "function": "grading3.py:grade"}}

@@ -268,11 +268,13 @@ def _opt_str(raw: Mapping[str, Any], key: str) -> str | None:
     return value
 
 
-def task_from_dict(raw: object, *, base_dir: str | Path | None = None) -> Task:
+def task_from_dict(
+    raw: object, *, base_dir: str | Path | None = None, default_checker: Checker | None = None
+) -> Task:
     """Validate one task object.
 
     ``base_dir`` is where a ``python`` checker's relative file is found (the task file's directory; None: the
-    current directory).
+    current directory); ``default_checker`` is the checker of a task without a ``checker`` key (None: ``exact``).
 
     Raises:
         TaskValidationError: Naming the field (and, for unknown keys, the nearest valid key).
@@ -301,11 +303,10 @@ def task_from_dict(raw: object, *, base_dir: str | Path | None = None) -> Task:
         answer = str(answer)
     if answer is not None and not isinstance(answer, str):
         raise TaskValidationError("must be a string, a number or null", field="answer")
-    checker = (
-        checker_from_dict(raw["checker"], base_dir=base_dir)
-        if raw.get("checker") is not None
-        else ExactChecker()
-    )
+    if raw.get("checker") is not None:
+        checker = checker_from_dict(raw["checker"], base_dir=base_dir)
+    else:
+        checker = default_checker if default_checker is not None else ExactChecker()
     if not isinstance(checker, MessagePostedChecker | PythonChecker) and answer is None:
         raise TaskValidationError(f"required by the {checker.type} checker", field="answer")
     if isinstance(checker, NumericChecker):

@@ -14,7 +14,7 @@ import structlog
 from mcprl_train.errors import ConfigError, DistributedError
 
 if TYPE_CHECKING:
-    from mcprl_env import Task, TaskSet
+    from mcprl_env import Checker, Task, TaskSet
     from mcprl_policy import Policy, PolicySampler, ReferencePolicy
     from mcprl_tools import MissingVariables, ServersConfig
     from mcprl_train.config import Config
@@ -229,11 +229,30 @@ def task_path(spec: str, *, name: str) -> Path:
     return path
 
 
-def load_task_source(spec: str, *, name: str) -> TaskSet:
-    """An indexed, streaming `mcprl_env.TaskSet` of a task spec (see `task_path`)."""
+def default_checker(config: Config) -> Checker | None:
+    """The checker of `tasks.checker` (imported now, so a typo fails at start-up), or None.
+
+    Raises:
+        ConfigError: the function cannot be imported or found (the error names the file).
+    """
+    from mcprl_env import TaskValidationError, checker_from_dict
+
+    if config.tasks.checker is None:
+        return None
+    try:
+        return checker_from_dict({"type": "python", "function": config.tasks.checker})
+    except TaskValidationError as exc:
+        raise ConfigError(f"tasks.checker: {exc.reason}") from exc
+
+
+def load_task_source(spec: str, *, name: str, checker: Checker | None = None) -> TaskSet:
+    """An indexed, streaming `mcprl_env.TaskSet` of a task spec (see `task_path`).
+
+    `checker` is the checker of the tasks that name none (`default_checker`).
+    """
     from mcprl_env import TaskSet
 
-    tasks = TaskSet(task_path(spec, name=name))
+    tasks = TaskSet(task_path(spec, name=name), default_checker=checker)
     tasks.build_index()
     return tasks
 
@@ -246,7 +265,8 @@ def load_tasks(config: Config) -> TaskData:
         mcprl_env.TaskValidationError: a task does not match the schema, or two share an id (with the lines).
         ConfigError: the training set has fewer tasks than a step takes (`grpo.tasks_per_step`).
     """
-    train = load_task_source(config.tasks.train, name="train")
+    checker = default_checker(config)
+    train = load_task_source(config.tasks.train, name="train", checker=checker)
     if len(train) < config.grpo.tasks_per_step:
         raise ConfigError(
             f"grpo.tasks_per_step={config.grpo.tasks_per_step}: the training set {config.tasks.train!r} has "
@@ -254,7 +274,7 @@ def load_tasks(config: Config) -> TaskData:
         )
     if config.tasks.validation is None:
         return train, []
-    validation = load_task_source(config.tasks.validation, name="validation")
+    validation = load_task_source(config.tasks.validation, name="validation", checker=checker)
     return train, first_tasks(validation, config.eval.n_tasks)
 
 
