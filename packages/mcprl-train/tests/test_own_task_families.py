@@ -50,7 +50,7 @@ def test_tasks_checker_is_the_default_of_tasks_that_name_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "house_rules.py").write_text("def grade(episode):\n    return True\n", encoding="utf-8")
-    unnamed = {
+    unnamed: dict[str, object] = {
         "id": "u",
         "prompt": "p",
         "metadata": {"family": "my_family"},
