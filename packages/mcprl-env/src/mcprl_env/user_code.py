@@ -5,7 +5,7 @@ task file's for a task's checker, the current directory for reward weights) or i
 (``my_pkg.checks:grade``). `load_user_function` imports it at start-up, so a typo fails before any model
 loads; `call_user_function` calls it with a `FinishedEpisode`, awaiting it when it is a coroutine function,
 and turns any exception into a `UserCodeError` carrying the traceback: a bug in a checker is the user's,
-never scored as the model's failure.
+never scored as the model's failure. A sync function runs on the episodes' event loop, so it should be quick.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def load_user_function(spec: str, *, base_dir: str | Path | None = None) -> User
         raise UserCodeImportError(
             f"{spec!r}: {origin} has no function {function_name!r} (its functions: {', '.join(public) or 'none'})"
         )
-    return UserFunction(spec=spec, origin=origin, function=function)  # pyright: ignore[reportUnknownArgumentType]
+    return UserFunction(spec=spec, origin=origin, function=function)
 
 
 async def call_user_function(user: UserFunction, episode: FinishedEpisode) -> object:
