@@ -1,5 +1,5 @@
 """A user's own task families: a task-set checker from the config (`tasks.checker`), and a warm start that
-leaves families without scripted demonstrations to GRPO."""
+leaves families without scripted demonstrations to GRPO, and a run stopped by failing user code that says so."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 import mcprl_tasks
-from mcprl_env import ExactChecker, PythonChecker
+from mcprl_env import Episode, EpisodeGroup, ExactChecker, PythonChecker, task_from_dict
 from mcprl_train.build import load_demos, load_tasks
 from mcprl_train.config import Config
-from mcprl_train.errors import ConfigError
+from mcprl_train.errors import ConfigError, InvalidRateError
+from mcprl_train.loop.collection import check_invalid_rate
 
 
 def own_task(i: int) -> dict[str, object]:
@@ -75,3 +76,44 @@ def test_tasks_checker_is_the_default_of_tasks_that_name_none(
         )
     )
     assert isinstance(train.task_at(0).checker, ExactChecker)
+
+
+def _episode(i: int, *, stop_reason: str, error: str | None) -> Episode:
+    valid = error is None
+    return Episode(
+        episode_id=f"t/{i}",
+        task_id="t",
+        group_id="t",
+        token_ids=[1],
+        prompt_length=1,
+        loss_mask=[0],
+        sampler_logprobs=[0.0],
+        messages=[],
+        reward=0.0,
+        reward_components={},
+        valid=valid,
+        success=False,
+        stop_reason=stop_reason,
+        error=error,
+        answer=None,
+        metrics={},
+    )
+
+
+def test_an_invalid_rate_from_user_code_points_at_the_user_code() -> None:
+    task = task_from_dict({"id": "t", "prompt": "p", "answer": "1"})
+    failed = [
+        _episode(i, stop_reason="user_code_error", error="user code: checks.py:grade raised")
+        for i in range(3)
+    ]
+    group = EpisodeGroup(
+        group_id="t", task=task, episodes=[*failed, _episode(3, stop_reason="answer", error=None)]
+    )
+    with pytest.raises(InvalidRateError, match=r"3 of them failed in a user checker or reward function"):
+        check_invalid_rate([group], 0.5)
+    infra = [_episode(i, stop_reason="infra_error", error="search: timeout") for i in range(3)]
+    group = EpisodeGroup(
+        group_id="t", task=task, episodes=[*infra, _episode(3, stop_reason="answer", error=None)]
+    )
+    with pytest.raises(InvalidRateError, match=r"'search: timeout', 3\)\]\. Check the tool servers"):
+        check_invalid_rate([group], 0.5)
