@@ -83,7 +83,7 @@ class PythonChecker:
 
     type: Literal["python"] = "python"
     function: str = attrs.field(validator=attrs.validators.min_len(1))
-    resolved: UserFunction = attrs.field(eq=False, repr=False)
+    resolved: UserFunction = attrs.field(repr=False)  # compared by spec and origin, not by identity
 
 
 Checker = ExactChecker | NumericChecker | ContainsChecker | MessagePostedChecker | PythonChecker
