@@ -12,7 +12,10 @@ from mcprl_env.errors import (
     TemplateDriftError,
     ToolCallParseError,
     UnknownToolCallFormatError,
+    UserCodeError,
+    UserCodeImportError,
 )
+from mcprl_env.finished import FinishedEpisode, ToolCallRecord
 from mcprl_env.loaders import TaskFormat, TaskSet, iter_tasks
 from mcprl_env.metrics import EpisodeStats, aggregate_metrics
 from mcprl_env.parsing import (
@@ -38,11 +41,14 @@ from mcprl_env.tasks import (
     ExactChecker,
     MessagePostedChecker,
     NumericChecker,
+    PythonChecker,
     Task,
     checker_from_dict,
+    checker_to_dict,
     task_from_dict,
 )
 from mcprl_env.transcript import Transcript
+from mcprl_env.user_code import UserFunction, load_user_function
 
 __all__ = [
     "DEFAULT_REWARD_WEIGHTS",
@@ -60,12 +66,14 @@ __all__ = [
     "EpisodeGroup",
     "EpisodeStats",
     "ExactChecker",
+    "FinishedEpisode",
     "HermesToolCallParser",
     "Llama3JsonToolCallParser",
     "MessagePostedChecker",
     "NumericChecker",
     "ParseErrorKind",
     "ParsedTurn",
+    "PythonChecker",
     "QwenXmlToolCallParser",
     "RewardConfig",
     "RewardContext",
@@ -81,14 +89,19 @@ __all__ = [
     "ToolCall",
     "ToolCallParseError",
     "ToolCallParser",
+    "ToolCallRecord",
     "ToolCaller",
     "ToolOutcome",
     "ToolSpecLike",
     "Transcript",
     "UnknownToolCallFormatError",
+    "UserCodeError",
+    "UserCodeImportError",
+    "UserFunction",
     "aggregate_metrics",
     "check_outcome",
     "checker_from_dict",
+    "checker_to_dict",
     "combine_rewards",
     "detect_parser_family",
     "episode_id_for",
@@ -96,6 +109,7 @@ __all__ = [
     "get_parser",
     "group_id_for",
     "iter_tasks",
+    "load_user_function",
     "normalize_text",
     "parser_families",
     "register_parser",

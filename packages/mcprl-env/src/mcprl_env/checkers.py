@@ -1,7 +1,8 @@
 """Outcome checkers: is the episode's final answer (or the servers' state) correct?
 
 ``exact``, ``numeric`` and ``contains`` look at the answer; ``message_posted`` reads the messaging server's
-state for the episode (``read_messages`` called with the episode's id, so episodes never see each other).
+state for the episode (``read_messages`` called with the episode's id, so episodes never see each other);
+``python`` calls a user's function with the whole `FinishedEpisode` (see `mcprl_env.finished`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,18 @@ from typing import assert_never
 
 import attrs
 
+from mcprl_env.errors import UserCodeError
+from mcprl_env.finished import FinishedEpisode
 from mcprl_env.protocols import ToolCaller
-from mcprl_env.tasks import ContainsChecker, ExactChecker, MessagePostedChecker, NumericChecker, Task
+from mcprl_env.tasks import (
+    ContainsChecker,
+    ExactChecker,
+    MessagePostedChecker,
+    NumericChecker,
+    PythonChecker,
+    Task,
+)
+from mcprl_env.user_code import call_user_function
 
 __all__ = ["CheckResult", "check_outcome", "extract_number", "mentions", "normalize_text"]
 
@@ -28,10 +39,13 @@ class CheckResult:
     Attributes:
         correct: The task was solved.
         infra_error: Set when the check itself could not run (the episode is then invalid, not wrong).
+        user_error: Set when a ``python`` checker raised or returned something other than a bool (the episode
+            is then invalid, not wrong).
     """
 
     correct: bool
     infra_error: str | None = None
+    user_error: UserCodeError | None = None
 
 
 def normalize_text(text: str) -> str:
@@ -102,8 +116,31 @@ async def _check_message_posted(
     return CheckResult(correct=any(mentions(m, checker.contains) for m in messages))
 
 
+async def _check_python(checker: PythonChecker, episode: FinishedEpisode | None) -> CheckResult:
+    if episode is None:
+        raise ValueError(f"the python checker {checker.function!r} needs the finished episode (episode=...)")
+    try:
+        verdict = await call_user_function(checker.resolved, episode)
+    except UserCodeError as exc:
+        return CheckResult(correct=False, user_error=exc)
+    if not isinstance(verdict, bool):
+        error = UserCodeError(
+            f"{checker.function} returned {verdict!r} ({type(verdict).__name__}); a checker returns True or False",
+            spec=checker.function,
+            task_id=episode.task.id,
+            traceback_text="",
+        )
+        return CheckResult(correct=False, user_error=error)
+    return CheckResult(correct=verdict)
+
+
 async def check_outcome(
-    task: Task, answer: str | None, *, manager: ToolCaller, episode_id: str
+    task: Task,
+    answer: str | None,
+    *,
+    manager: ToolCaller,
+    episode_id: str,
+    episode: FinishedEpisode | None = None,
 ) -> CheckResult:
     """Check an episode's outcome with its task's checker.
 
@@ -112,10 +149,13 @@ async def check_outcome(
         answer: The episode's final answer, or None when it gave none.
         manager: Tool caller for state checks.
         episode_id: The episode whose server state is checked.
+        episode: The whole episode, which a ``python`` checker is called with.
     """
     checker = task.checker
     if isinstance(checker, MessagePostedChecker):
         return await _check_message_posted(checker, manager, episode_id)
+    if isinstance(checker, PythonChecker):
+        return await _check_python(checker, episode)
     if answer is None or task.answer is None:
         return CheckResult(correct=False)
     match checker:

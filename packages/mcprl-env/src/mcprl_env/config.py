@@ -27,11 +27,14 @@ _DIFFICULTIES = ("easy", "medium", "hard")
 
 def _check_weights(instance: object, attribute: object, value: Mapping[str, float]) -> None:
     del instance, attribute
-    from mcprl_env.rewards import reward_function_names  # reward functions register themselves there
+    from mcprl_env.rewards import resolve_user_reward, reward_function_names  # functions register there
+    from mcprl_env.user_code import is_user_spec
 
     known = reward_function_names()
     for name, weight in value.items():
-        if name not in known:
+        if is_user_spec(name):
+            resolve_user_reward(name)
+        elif name not in known:
             near = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {near[0]!r}?" if near else f"; known: {known}"
             raise ConfigError(f"unknown reward function {name!r}{hint}")
@@ -45,7 +48,10 @@ class RewardConfig:
 
     Attributes:
         weights: Reward function name → weight. Each component is reported as ``weight * value``; the
-            episode's reward is their sum. Names must be registered (`mcprl_env.register_reward_function`).
+            episode's reward is their sum. Names must be registered (`mcprl_env.register_reward_function`) or
+            name a user's function, ``file.py:function`` (relative to the current directory) or
+            ``package.module:function``, called with the whole `mcprl_env.FinishedEpisode` and imported here,
+            so a typo fails when the config is built.
         invalid_call_cap: Invalid calls at which the invalid-call penalty saturates at -1.
     """
 

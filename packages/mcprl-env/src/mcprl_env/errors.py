@@ -17,6 +17,8 @@ __all__ = [
     "TemplateDriftError",
     "ToolCallParseError",
     "UnknownToolCallFormatError",
+    "UserCodeError",
+    "UserCodeImportError",
 ]
 
 ParseErrorKind = Literal[
@@ -46,6 +48,26 @@ class ConfigError(EnvError, ValueError):
 
 class UnknownToolCallFormatError(ConfigError):
     """The chat template renders tool calls in no registered format (or none at all): set ``env.parser``."""
+
+
+class UserCodeImportError(ConfigError):
+    """A user checker or reward function (``module:function``) that cannot be imported or found."""
+
+
+class UserCodeError(EnvError, RuntimeError):
+    """A user checker or reward function raised while judging an episode (the episode is invalid, not wrong).
+
+    Attributes:
+        spec: The function's spec (``checks.py:grade``).
+        task_id: The task whose episode it was judging.
+        traceback_text: The formatted traceback of the user's exception.
+    """
+
+    def __init__(self, message: str, *, spec: str, task_id: str, traceback_text: str) -> None:
+        self.spec = spec
+        self.task_id = task_id
+        self.traceback_text = traceback_text
+        super().__init__(f"task {task_id!r}: {message}")
 
 
 class TaskValidationError(EnvError, ValueError):

@@ -3,7 +3,8 @@
 A task file is read a chunk at a time and never held in memory: a JSON array is decoded item by item with
 `json.JSONDecoder.raw_decode` over a sliding buffer, JSON lines line by line. Shuffling uses either a bounded
 buffer or an index of byte offsets (8 bytes per task) that gives exact, resumable per-epoch permutations.
-Every validation error names the file, the line where the item starts, the item index and the field.
+Every validation error names the file, the line where the item starts, the item index and the field. A
+``python`` checker's file is found relative to the task file's directory.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import BinaryIO, Literal
 import attrs
 
 from mcprl_env.errors import TaskValidationError
-from mcprl_env.tasks import Task, task_from_dict
+from mcprl_env.tasks import Checker, Task, task_from_dict
 
 __all__ = ["TaskFormat", "TaskSet", "iter_tasks"]
 
@@ -181,9 +182,9 @@ def _iter_lines(fh: BinaryIO, source: str, max_item_chars: int) -> Iterator[_Raw
         index += 1
 
 
-def _validated(item: _RawItem, source: str) -> Task:
+def _validated(item: _RawItem, source: str, default_checker: Checker | None) -> Task:
     try:
-        return task_from_dict(item.value)
+        return task_from_dict(item.value, base_dir=Path(source).parent, default_checker=default_checker)
     except TaskValidationError as exc:
         raise exc.located(source=source, line=item.line, index=item.index) from None
 
@@ -201,13 +202,20 @@ class TaskSet:
         path: A ``.json`` file holding an array of tasks, or JSON lines (``.jsonl``; also detected by content).
         format: ``"auto"`` (by the first non-blank character), ``"json"`` or ``"jsonl"``.
         max_item_chars: Longest accepted task object.
+        default_checker: The checker of a task without a ``checker`` key (None: ``exact``).
     """
 
     def __init__(
-        self, path: str | Path, *, format: TaskFormat = "auto", max_item_chars: int = 1 << 22
+        self,
+        path: str | Path,
+        *,
+        format: TaskFormat = "auto",
+        max_item_chars: int = 1 << 22,
+        default_checker: Checker | None = None,
     ) -> None:
         self.path = Path(path)
         self.max_item_chars = max_item_chars
+        self.default_checker = default_checker
         self.format: Literal["json", "jsonl"] = self._detect() if format == "auto" else format
         self._index: _Index | None = None
 
@@ -232,7 +240,7 @@ class TaskSet:
         """Tasks in file order, validated one at a time."""
         with self.path.open("rb") as fh:
             for item in self._raw(fh):
-                yield _validated(item, str(self.path))
+                yield _validated(item, str(self.path), self.default_checker)
 
     def build_index(self) -> int:
         """Validate every task once and record where each starts; returns the number of tasks.
@@ -245,7 +253,7 @@ class TaskSet:
         first: dict[str, tuple[int, int]] = {}
         with self.path.open("rb") as fh:
             for item in self._raw(fh):
-                task = _validated(item, str(self.path))
+                task = _validated(item, str(self.path), self.default_checker)
                 index, line = first.setdefault(task.id, (item.index, item.line))
                 if index != item.index:
                     raise TaskValidationError(
@@ -280,7 +288,7 @@ class TaskSet:
             if reader.buf.startswith("\ufeff"):
                 reader.advance(1)
             value = reader.decode_value(index)
-        return _validated(_RawItem(value, index, line, offset), str(self.path))
+        return _validated(_RawItem(value, index, line, offset), str(self.path), self.default_checker)
 
     def epoch_order(self, epoch: int, *, seed: int) -> array[int]:
         """The permutation of task positions used in ``epoch`` (deterministic in ``seed`` and ``epoch``)."""
@@ -314,6 +322,8 @@ class TaskSet:
         yield from buffer
 
 
-def iter_tasks(path: str | Path, *, format: TaskFormat = "auto") -> Iterator[Task]:
+def iter_tasks(
+    path: str | Path, *, format: TaskFormat = "auto", default_checker: Checker | None = None
+) -> Iterator[Task]:
     """Stream the tasks of a JSON or JSONL file (see `TaskSet`)."""
-    return iter(TaskSet(path, format=format))
+    return iter(TaskSet(path, format=format, default_checker=default_checker))

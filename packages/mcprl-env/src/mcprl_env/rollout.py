@@ -20,11 +20,12 @@ import structlog
 from mcprl_env.checkers import check_outcome
 from mcprl_env.config import EnvConfig
 from mcprl_env.episode import Episode
-from mcprl_env.errors import TemplateDriftError, ToolCallParseError
+from mcprl_env.errors import TemplateDriftError, ToolCallParseError, UserCodeError
+from mcprl_env.finished import FinishedEpisode, ToolCallRecord
 from mcprl_env.metrics import MODEL_FAULT_TOOL_ERRORS, EpisodeStats
 from mcprl_env.parsing import ParsedTurn, ToolCall, ToolCallParser
 from mcprl_env.protocols import ChatTokenizer, Sampler, ToolCaller, ToolOutcome
-from mcprl_env.rewards import RewardContext, combine_rewards
+from mcprl_env.rewards import RewardContext, combine_rewards, user_reward_values
 from mcprl_env.tasks import Task
 from mcprl_env.transcript import Transcript
 
@@ -102,6 +103,7 @@ class _Rollout:
         )
         self.answer: str | None = None
         self.consecutive_invalid = 0
+        self.calls: list[ToolCallRecord] = []
 
     @property
     def access(self) -> ToolAccess:
@@ -162,17 +164,21 @@ class _Rollout:
         texts: list[str] = [""] * len(items)
         names: list[str] = ["invalid_call"] * len(items)
         pending: list[tuple[int, ToolCall]] = []
+        rejected: dict[int, str] = {}
         valid_calls = 0
         for i, item in enumerate(items):
             if isinstance(item, ToolCallParseError):
                 texts[i] = f"Error: invalid tool call ({item.kind}): {item.reason}"
+                rejected[i] = item.kind
                 continue
             names[i] = item.name
             if len(pending) >= self.config.max_calls_per_turn:
                 self.stats.tool_errors["too_many_calls"] += 1
+                rejected[i] = "too_many_calls"
                 texts[i] = f"Error: more than {self.config.max_calls_per_turn} calls in one turn; not run."
             elif item.name not in self.access.callable_names:
                 self.stats.tool_errors["unknown_tool"] += 1
+                rejected[i] = "unknown_tool"
                 known = ", ".join(s["function"]["name"] for s in self.access.schemas)
                 texts[i] = f"Error: unknown tool {item.name!r}. Available tools: {known}"
             else:
@@ -207,7 +213,47 @@ class _Rollout:
             self.consecutive_invalid += 1
         else:
             self.consecutive_invalid = 0
+        self.record_calls(items, results, rejected, texts)
         return [{"role": "tool", "name": names[i], "content": texts[i]} for i in range(len(items))]
+
+    def record_calls(
+        self,
+        items: Sequence[ToolCall | ToolCallParseError],
+        results: dict[int, ToolOutcome],
+        rejected: dict[int, str],
+        texts: list[str],
+    ) -> None:
+        """Keep what user checkers and reward functions see of this turn's calls (`FinishedEpisode.tool_calls`)."""
+        for i, item in enumerate(items):
+            name, arguments = (
+                ("", {}) if isinstance(item, ToolCallParseError) else (item.name, item.arguments)
+            )
+            if i in results:
+                self.calls.append(ToolCallRecord.of(self.stats.turns, name, arguments, results[i], texts[i]))
+            else:
+                self.calls.append(
+                    ToolCallRecord(
+                        turn=self.stats.turns,
+                        name=name,
+                        arguments=arguments,
+                        ok=False,
+                        error_type=rejected[i],
+                        result=texts[i],
+                    )
+                )
+
+    def finished(self, reason: str, context: RewardContext | None = None) -> FinishedEpisode:
+        """The episode as user code sees it."""
+        return FinishedEpisode(
+            task=self.task,
+            episode_id=self.episode_id,
+            messages=tuple(dict(m) for m in self.transcript.messages),
+            answer=self.answer,
+            tool_calls=tuple(self.calls),
+            stop_reason=reason,
+            manager=self.manager,
+            context=context,
+        )
 
     def truncate(self, text: str, *, already_truncated: bool = False) -> str:
         ids = self.tok.encode(text, add_special_tokens=False)
@@ -223,19 +269,48 @@ class _Rollout:
         valid, error, success = stop.valid, stop.error, False
         if valid:
             check = await check_outcome(
-                self.task, self.answer, manager=self.manager, episode_id=self.episode_id
+                self.task,
+                self.answer,
+                manager=self.manager,
+                episode_id=self.episode_id,
+                episode=self.finished(stop.reason),
             )
+            if check.user_error is not None:
+                return self.user_code_failed(check.user_error, stop.reason, started)
             if check.infra_error is not None:
                 valid, error = False, f"checker: {check.infra_error}"
                 stop = _Stop("infra_error", valid=False, error=error)
             success = check.correct
-        return self.record(stop.reason, valid=valid, error=error, success=success, started=started)
+        user_values: dict[str, float] = {}
+        if valid:
+            try:
+                user_values = await user_reward_values(
+                    self.config.reward, self.finished(stop.reason, self.context(stop.reason, success))
+                )
+            except UserCodeError as exc:
+                return self.user_code_failed(exc, stop.reason, started)
+        return self.record(
+            stop.reason, valid=valid, error=error, success=success, started=started, user_values=user_values
+        )
 
-    def record(
-        self, reason: str, *, valid: bool, error: str | None, success: bool, started: float
-    ) -> Episode:
-        ctx = RewardContext(
-            success=success and valid,
+    def user_code_failed(self, exc: UserCodeError, reason: str, started: float) -> Episode:
+        """The episode, invalid: a user's checker or reward function failed on it (not the model's fault)."""
+        log.error(
+            "user_code_error",
+            episode_id=self.episode_id,
+            task_id=self.task.id,
+            function=exc.spec,
+            stop_reason=reason,
+            error=str(exc),
+            traceback=exc.traceback_text,
+        )
+        return self.record(
+            "user_code_error", valid=False, error=f"user code: {exc}", success=False, started=started
+        )
+
+    def context(self, reason: str, success: bool) -> RewardContext:
+        return RewardContext(
+            success=success,
             answered=reason == "answer",
             stop_reason=reason,
             turns=self.stats.turns,
@@ -247,9 +322,23 @@ class _Rollout:
             invalid_call_cap=self.config.reward.invalid_call_cap,
             answer_given=bool(self.answer and self.answer.strip()),
         )
-        reward, components = combine_rewards(ctx, self.config.reward)
-        if not valid:
-            reward, components = 0.0, dict.fromkeys(components, 0.0)
+
+    def record(
+        self,
+        reason: str,
+        *,
+        valid: bool,
+        error: str | None,
+        success: bool,
+        started: float,
+        user_values: dict[str, float] | None = None,
+    ) -> Episode:
+        if valid:
+            reward, components = combine_rewards(
+                self.context(reason, success), self.config.reward, user_values
+            )
+        else:
+            reward, components = 0.0, dict.fromkeys(self.config.reward.weights, 0.0)
         t = self.transcript
         metrics = self.stats.as_metrics()
         metrics.update(

@@ -9,11 +9,13 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 import attrs
 
-from mcprl_env.errors import TaskValidationError
+from mcprl_env.errors import TaskValidationError, UserCodeImportError
+from mcprl_env.user_code import UserFunction, load_user_function
 
 __all__ = [
     "Checker",
@@ -22,8 +24,10 @@ __all__ = [
     "ExactChecker",
     "MessagePostedChecker",
     "NumericChecker",
+    "PythonChecker",
     "Task",
     "checker_from_dict",
+    "checker_to_dict",
     "task_from_dict",
 ]
 
@@ -65,13 +69,31 @@ class MessagePostedChecker:
     server: str = "messaging"
 
 
-Checker = ExactChecker | NumericChecker | ContainsChecker | MessagePostedChecker
+@attrs.frozen(kw_only=True)
+class PythonChecker:
+    """A user's function judges the whole episode (`mcprl_env.FinishedEpisode`) and returns True or False.
+
+    ``function`` is ``file.py:name`` (a path relative to the task file's directory) or
+    ``package.module:name``; it is imported when the task is validated, so a typo fails at start-up.
+
+    Attributes:
+        function: The spec as written in the task file.
+        resolved: The imported function.
+    """
+
+    type: Literal["python"] = "python"
+    function: str = attrs.field(validator=attrs.validators.min_len(1))
+    resolved: UserFunction = attrs.field(repr=False)  # compared by spec and origin, not by identity
+
+
+Checker = ExactChecker | NumericChecker | ContainsChecker | MessagePostedChecker | PythonChecker
 
 _CHECKER_FIELDS: dict[str, tuple[str, ...]] = {
     "exact": ("type",),
     "numeric": ("type", "rel_tol", "abs_tol"),
     "contains": ("type",),
     "message_posted": ("type", "server", "channel", "contains"),
+    "python": ("type", "function"),
 }
 
 
@@ -87,7 +109,7 @@ class Task:
         servers: Servers whose tools the task may use (None: every server).
         tools: Optional allow-list of exposed tool names (or ``server.tool`` names).
         difficulty: ``easy`` | ``medium`` | ``hard`` (sets the default turn limit).
-        answer: Expected answer for the exact/numeric/contains checkers.
+        answer: Expected answer for the exact/numeric/contains checkers (optional for ``python`` ones).
         checker: How the final answer (or the servers' state) is checked.
         max_turns: Turn limit overriding the difficulty default.
         metadata: Free-form data carried along (family, min_tool_calls, ...).
@@ -127,7 +149,7 @@ class Task:
         out["tools"] = list(self.tools) if self.tools is not None else None
         out["difficulty"] = self.difficulty
         out["answer"] = self.answer
-        out["checker"] = attrs.asdict(self.checker)
+        out["checker"] = checker_to_dict(self.checker)
         if self.max_turns is not None:
             out["max_turns"] = self.max_turns
         out["metadata"] = dict(self.metadata)
@@ -170,8 +192,34 @@ def _number(raw: Mapping[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-def checker_from_dict(raw: object) -> Checker:
-    """Validate a ``checker`` object (fields are named ``checker.<key>`` in errors)."""
+def checker_to_dict(checker: Checker) -> dict[str, Any]:
+    """A checker as it is written in a task file."""
+    if isinstance(checker, PythonChecker):
+        return {"type": checker.type, "function": checker.function}
+    return attrs.asdict(checker)
+
+
+def _python_checker(raw: Mapping[str, Any], base_dir: str | Path | None) -> PythonChecker:
+    spec = raw.get("function")
+    if not isinstance(spec, str) or not spec:
+        raise TaskValidationError(
+            "must be a non-empty 'file.py:function' or 'package.module:function'", field="checker.function"
+        )
+    try:
+        resolved = load_user_function(spec, base_dir=base_dir)
+    except UserCodeImportError as exc:
+        raise TaskValidationError(str(exc), field="checker.function") from exc
+    return PythonChecker(function=spec, resolved=resolved)
+
+
+def checker_from_dict(raw: object, *, base_dir: str | Path | None = None) -> Checker:
+    """Validate a ``checker`` object (fields are named ``checker.<key>`` in errors).
+
+    Args:
+        raw: The object (``{"type": ...}``).
+        base_dir: Where a ``python`` checker's relative ``file.py`` is found (the task file's directory;
+            None: the current directory).
+    """
     if not isinstance(raw, Mapping):
         raise TaskValidationError("must be an object with a 'type'", field="checker")
     kind = raw.get("type")
@@ -190,6 +238,8 @@ def checker_from_dict(raw: object) -> Checker:
             return ContainsChecker()
         case "numeric":
             return NumericChecker(rel_tol=_number(raw, "rel_tol", 1e-6), abs_tol=_number(raw, "abs_tol", 0.0))
+        case "python":
+            return _python_checker(raw, base_dir)
         case _:
             values: list[str] = []
             for key in ("channel", "contains", "server"):
@@ -218,8 +268,13 @@ def _opt_str(raw: Mapping[str, Any], key: str) -> str | None:
     return value
 
 
-def task_from_dict(raw: object) -> Task:
+def task_from_dict(
+    raw: object, *, base_dir: str | Path | None = None, default_checker: Checker | None = None
+) -> Task:
     """Validate one task object.
+
+    ``base_dir`` is where a ``python`` checker's relative file is found (the task file's directory; None: the
+    current directory); ``default_checker`` is the checker of a task without a ``checker`` key (None: ``exact``).
 
     Raises:
         TaskValidationError: Naming the field (and, for unknown keys, the nearest valid key).
@@ -248,8 +303,11 @@ def task_from_dict(raw: object) -> Task:
         answer = str(answer)
     if answer is not None and not isinstance(answer, str):
         raise TaskValidationError("must be a string, a number or null", field="answer")
-    checker = checker_from_dict(raw["checker"]) if raw.get("checker") is not None else ExactChecker()
-    if not isinstance(checker, MessagePostedChecker) and answer is None:
+    if raw.get("checker") is not None:
+        checker = checker_from_dict(raw["checker"], base_dir=base_dir)
+    else:
+        checker = default_checker if default_checker is not None else ExactChecker()
+    if not isinstance(checker, MessagePostedChecker | PythonChecker) and answer is None:
         raise TaskValidationError(f"required by the {checker.type} checker", field="answer")
     if isinstance(checker, NumericChecker):
         try:

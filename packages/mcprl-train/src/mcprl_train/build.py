@@ -14,7 +14,7 @@ import structlog
 from mcprl_train.errors import ConfigError, DistributedError
 
 if TYPE_CHECKING:
-    from mcprl_env import Task, TaskSet
+    from mcprl_env import Checker, Task, TaskSet
     from mcprl_policy import Policy, PolicySampler, ReferencePolicy
     from mcprl_tools import MissingVariables, ServersConfig
     from mcprl_train.config import Config
@@ -248,11 +248,30 @@ def task_path(spec: str, *, name: str) -> Path:
     return path
 
 
-def load_task_source(spec: str, *, name: str) -> TaskSet:
-    """An indexed, streaming `mcprl_env.TaskSet` of a task spec (see `task_path`)."""
+def default_checker(config: Config) -> Checker | None:
+    """The checker of `tasks.checker` (imported now, so a typo fails at start-up), or None.
+
+    Raises:
+        ConfigError: the function cannot be imported or found (the error names the file).
+    """
+    from mcprl_env import TaskValidationError, checker_from_dict
+
+    if config.tasks.checker is None:
+        return None
+    try:
+        return checker_from_dict({"type": "python", "function": config.tasks.checker})
+    except TaskValidationError as exc:
+        raise ConfigError(f"tasks.checker: {exc.reason}") from exc
+
+
+def load_task_source(spec: str, *, name: str, checker: Checker | None = None) -> TaskSet:
+    """An indexed, streaming `mcprl_env.TaskSet` of a task spec (see `task_path`).
+
+    `checker` is the checker of the tasks that name none (`default_checker`).
+    """
     from mcprl_env import TaskSet
 
-    tasks = TaskSet(task_path(spec, name=name))
+    tasks = TaskSet(task_path(spec, name=name), default_checker=checker)
     tasks.build_index()
     return tasks
 
@@ -265,7 +284,8 @@ def load_tasks(config: Config) -> TaskData:
         mcprl_env.TaskValidationError: a task does not match the schema, or two share an id (with the lines).
         ConfigError: the training set has fewer tasks than a step takes (`grpo.tasks_per_step`).
     """
-    train = load_task_source(config.tasks.train, name="train")
+    checker = default_checker(config)
+    train = load_task_source(config.tasks.train, name="train", checker=checker)
     if len(train) < config.grpo.tasks_per_step:
         raise ConfigError(
             f"grpo.tasks_per_step={config.grpo.tasks_per_step}: the training set {config.tasks.train!r} has "
@@ -273,7 +293,7 @@ def load_tasks(config: Config) -> TaskData:
         )
     if config.tasks.validation is None:
         return train, []
-    validation = load_task_source(config.tasks.validation, name="validation")
+    validation = load_task_source(config.tasks.validation, name="validation", checker=checker)
     return train, first_tasks(validation, config.eval.n_tasks)
 
 
@@ -283,17 +303,31 @@ def load_demos(config: Config) -> list[Demonstration]:
     A fraction `sft.teacher_noise` of them comes from `mcprl_tasks.imperfect_teacher` (guessed prices,
     needless calls, wrong answers; mistyped tickers retried after the error with `sft.teacher_typos`), the rest from `mcprl_tasks.ideal_demo`; both seeded by `run.seed`.
     The demo tasks are taken in a fixed seeded order, so the demonstration set is the same in every run.
+    Only tasks of the bundled families (`mcprl_tasks.FAMILIES`) have scripted demonstrations: the others (a
+    user's own families) are left to GRPO alone.
+
+    Raises:
+        ConfigError: no training task belongs to a family with demonstrations (set `sft.enabled=false`).
     """
     import random
 
     import mcprl_tasks
 
-    raw = mcprl_tasks.read_tasks(task_path(config.tasks.train, name="train"))
+    path = task_path(config.tasks.train, name="train")
+    raw = mcprl_tasks.read_tasks(path)
     rng = random.Random(f"demos:{config.run.seed}")
     order = list(range(len(raw)))
     rng.shuffle(order)
+    scripted = [i for i in order if _family(raw[i]) in mcprl_tasks.FAMILIES]
+    if not scripted:
+        families = sorted({str(_family(t)) for t in raw})
+        raise ConfigError(
+            f"sft.enabled: no task in {str(path)!r} has a scripted demonstration (its families: "
+            f"{', '.join(families)}; demonstrations exist for {', '.join(sorted(mcprl_tasks.FAMILIES))}); "
+            "set sft.enabled=false to train with GRPO alone"
+        )
     out: list[Demonstration] = []
-    for i in order[: config.sft.demos]:
+    for i in scripted[: config.sft.demos]:
         task = raw[i]
         if rng.random() < config.sft.teacher_noise:
             messages = mcprl_tasks.imperfect_teacher(task, rng, p_typo=config.sft.teacher_typos)
@@ -301,6 +335,11 @@ def load_demos(config: Config) -> list[Demonstration]:
             messages = mcprl_tasks.ideal_demo(task)
         out.append((str(task["id"]), messages, bool(mcprl_tasks.demo_succeeds(task, messages))))
     return out
+
+
+def _family(task: dict[str, Any]) -> object:
+    metadata: object = task.get("metadata")
+    return cast("dict[str, object]", metadata).get("family") if isinstance(metadata, dict) else None
 
 
 def first_tasks(tasks: IndexedTasks, n: int) -> list[Task]:

@@ -245,7 +245,10 @@ async def _evaluate_checkpoint(path: Path, overrides: list[str]) -> dict[str, An
     policy.eval()
     sampler = build.build_sampler(config, policy, greedy=config.eval.greedy, seed=config.run.seed)
     tasks = build.first_tasks(
-        build.load_task_source(config.tasks.validation, name="validation"), config.eval.n_tasks
+        build.load_task_source(
+            config.tasks.validation, name="validation", checker=build.default_checker(config)
+        ),
+        config.eval.n_tasks,
     )
     async with ToolManager(build.servers_config(config)) as manager:
         env = Environment(manager=manager, tokenizer=policy.tokenizer, config=config.env)

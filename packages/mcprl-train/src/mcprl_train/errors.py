@@ -12,7 +12,7 @@ class RatioHealthError(TrainError, RuntimeError):
 
 
 class InvalidRateError(TrainError, RuntimeError):
-    """Too many episodes failed for infrastructure reasons: the run aborts with the reason."""
+    """Too many episodes failed for reasons other than the model (infrastructure, user code): the run aborts with the reason."""
 
 
 class ConfigError(TrainError, ValueError):

@@ -275,7 +275,7 @@ def _tasks(config: Config, configured: set[str]) -> Iterator[CheckResult]:
             path = build.task_path(spec, name=split)
             count = 0
             named: set[str] = set()
-            for task in iter_tasks(path):
+            for task in iter_tasks(path, default_checker=build.default_checker(config)):
                 count += 1
                 named.update(task.servers or ())
         except (TaskValidationError, TasksError, OSError, ValueError) as exc:

@@ -214,10 +214,14 @@ class TasksConfig:
         train: Path of the training tasks, or ``preset:<name>`` for a bundled `mcprl_tasks` set.
         validation: Path of the validation tasks, or ``preset:<name>`` for that preset's validation split;
             None disables evaluation.
+        checker: A user's checker for the tasks of both sets that name none: ``file.py:function`` (relative to
+            the current directory) or ``package.module:function``, called with the whole episode (see
+            docs/own-task-family.md); None: such tasks use the ``exact`` checker.
     """
 
     train: str = attrs.field(default="preset:default", validator=v.min_len(1))
     validation: str | None = "preset:default"
+    checker: str | None = attrs.field(default=None, validator=v.optional(v.min_len(1)))
 
 
 @attrs.frozen(kw_only=True)

@@ -114,9 +114,16 @@ def check_invalid_rate(groups: Sequence[EpisodeGroup], max_invalid_rate: float) 
     rate = len(invalid) / len(episodes)
     if rate > max_invalid_rate:
         errors = Counter(str(e.error or e.stop_reason) for e in invalid).most_common(3)
+        user = sum(e.stop_reason == "user_code_error" for e in invalid)
+        check = (
+            f"{user} of them failed in a user checker or reward function (the user_code_error events in "
+            "training.log hold the tracebacks); fix that code, check"
+            if user
+            else "Check"
+        )
         raise InvalidRateError(
-            f"{len(invalid)}/{len(episodes)} episodes ({rate:.1%}) failed for infrastructure reasons, above "
-            f"run.max_invalid_rate={max_invalid_rate:.1%}; most common: {errors}. Check the tool servers "
+            f"{len(invalid)}/{len(episodes)} episodes ({rate:.1%}) failed for reasons other than the model, above "
+            f"run.max_invalid_rate={max_invalid_rate:.1%}; most common: {errors}. {check} the tool servers "
             "(`mcprl-train doctor`) or raise the limit."
         )
     return rate
