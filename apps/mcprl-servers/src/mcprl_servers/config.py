@@ -16,6 +16,8 @@ _MODULES: dict[str, str] = {
     "python": "mcprl_servers.python_sandbox",
     "messaging": "mcprl_servers.messaging",
 }
+_STATEFUL = frozenset({"messaging"})
+"""Servers that keep per-episode state between calls (a restart loses it; the others keep nothing)."""
 
 
 def default_servers_config(names: list[str] | tuple[str, ...] | None = None) -> dict[str, object]:
@@ -27,7 +29,7 @@ def default_servers_config(names: list[str] | tuple[str, ...] | None = None) -> 
 
     Returns:
         A config in the standard ``mcpServers`` shape: ``command`` is ``sys.executable`` and ``args`` is
-        ``["-m", "mcprl_servers.<module>"]``.
+        ``["-m", "mcprl_servers.<module>"]``; ``stateful`` says whether a restart loses episode state.
 
     Raises:
         ValueError: A name is not one of the bundled servers.
@@ -38,5 +40,5 @@ def default_servers_config(names: list[str] | tuple[str, ...] | None = None) -> 
         if name not in _MODULES:
             raise ValueError(f"unknown bundled server {name!r}; choose from {', '.join(SERVER_NAMES)}")
         module = _MODULES[name]
-        servers[name] = {"command": sys.executable, "args": ["-m", module]}
+        servers[name] = {"command": sys.executable, "args": ["-m", module], "stateful": name in _STATEFUL}
     return {"mcpServers": servers}
