@@ -47,6 +47,11 @@ async def test_unencodable_request_fails_alone_and_the_connection_lives_on(marke
                     await conn.call_tool("echo", {"text": "lone \ud800 surrogate"}, None)
                 with pytest.raises(UnsendableRequestError):
                     await conn.call_tool("echo", {"text": "fine"}, "episode-\udfff")
+                deep: object = "x"
+                for _ in range(5_000):
+                    deep = [deep]
+                with pytest.raises(UnsendableRequestError, match="depth"):
+                    await conn.call_tool("echo", {"text": deep}, None)
             echoed = await conn.call_tool("echo", {"text": "still here"}, None)
             same_pid = (await conn.call_tool("pid", {}, None)).structured
     assert napped == ["slept"]

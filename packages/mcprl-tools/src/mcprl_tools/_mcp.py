@@ -223,7 +223,20 @@ class Connection:
                 return tools
 
     async def call_tool(self, name: str, arguments: dict[str, Any], episode_id: str | None) -> RawResult:
-        """One `tools/call`; `episode_id` travels in the request `_meta`."""
+        """One `tools/call`; `episode_id` travels in the request `_meta`.
+
+        Raises:
+            UnsendableRequestError: The SDK cannot encode the request (nothing was sent).
+            ConnectionLostError: The connection ended while the call was pending.
+            RemoteError: The server answered with a JSON-RPC error.
+        """
+        try:
+            # The SDK dumps the request before its dispatcher writes it; what fails there (nesting past the
+            # serialiser's depth limit) raises a bare ValueError that says nothing of where it came from.
+            mcp_types.CallToolRequestParams(name=name, arguments=arguments).model_dump_json()
+        except (ValueError, RecursionError) as exc:
+            detail = str(exc).encode("utf-8", "backslashreplace").decode("utf-8")
+            raise UnsendableRequestError(detail) from exc
         meta: Any = {EPISODE_META_KEY: episode_id} if episode_id is not None else None
         result = await self._guard(self._client.session.call_tool(name, arguments, meta=meta))
         text = "\n".join(_block_text(b) for b in result.content)
