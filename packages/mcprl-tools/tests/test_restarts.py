@@ -9,7 +9,7 @@ import anyio
 import pytest
 from tools_testkit import flaky_server, marked_processes
 
-from mcprl_tools import ServersConfig, ToolManager
+from mcprl_tools import ServersConfig, ToolManager, ToolResult
 
 pytestmark = pytest.mark.anyio
 
@@ -85,3 +85,22 @@ async def test_step_metrics_report_restarts_timeouts_and_queue_waits_once(marker
     assert 250 <= first["tools/step/flaky/queue_wait_max_ms"] < 2000
     assert second["tools/step/calls"] == second["tools/step/restarts"] == second["tools/step/timeouts"] == 0
     assert second["tools/step/queue_wait_max_ms"] == 0
+
+
+async def test_a_call_queued_behind_a_crash_is_served_by_the_next_process(marker: str) -> None:
+    cfg = _config(flaky=flaky_server(marker, max_concurrency=1, restart={"backoff_initial": 0.05}))
+    async with ToolManager(cfg) as manager:
+        results: dict[str, ToolResult] = {}
+
+        async def run(key: str, tool: str) -> None:
+            results[key] = await manager.call(tool, {})
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run, "crash", "crash")
+                while manager.metrics()["tools/flaky/inflight"] < 1:
+                    await anyio.lowlevel.checkpoint()
+                tg.start_soon(run, "queued", "pid")
+    assert (results["crash"].error_type, results["crash"].generation) == ("crashed", 1)
+    assert (results["queued"].ok, results["queued"].generation) == (True, 2)
+    assert marked_processes(marker) == []

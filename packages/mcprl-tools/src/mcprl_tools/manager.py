@@ -15,6 +15,7 @@ import structlog
 from mcprl_tools._mcp import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
+    Connection,
     ConnectionLostError,
     RemoteError,
     UnsendableRequestError,
@@ -302,22 +303,21 @@ class ToolManager:
     ) -> ToolResult:
         cfg = runner.cfg
         timeout = cfg.call_timeout
-        conn = runner.conn if runner.state == "ready" else None
+        conn = await self._session(runner)
         if conn is None:
-            # A (re)starting server gets its start timeout to come up before the call is given up.
-            with anyio.move_on_after(cfg.start_timeout + cfg.ping_timeout):
-                conn = await runner.wait_ready()
-        if conn is None:
-            detail = runner.last_error or runner.start_error or runner.state
-            text = f"Tool {name} unavailable: server {cfg.name!r} is {runner.state} ({detail})"
-            return self._fail(name, cfg.name, "unavailable", text, start)
+            return self._unavailable(name, runner, start)
         if runner.catalogue_changed and cfg.on_catalogue_change == "refuse":
             text = f"Tool {name} refused: the tool catalogue of server {cfg.name!r} changed since start"
             return self._fail(name, cfg.name, "catalogue_changed", text, start)
-        generation = runner.generation
         queued = time.perf_counter()
         async with runner.limiter:
             self._step.queue_wait(cfg.name, time.perf_counter() - queued)
+            if runner.conn is not conn:
+                # The session this call queued for ended while it waited; its successor serves it instead.
+                conn = await self._session(runner)
+                if conn is None:
+                    return self._unavailable(name, runner, start)
+            generation = runner.generation
             runner.inflight += 1
             runner.inflight_max = max(runner.inflight_max, runner.inflight)
             raw = None
@@ -370,6 +370,19 @@ class ToolManager:
             generation=generation,
             stateful=cfg.stateful,
         )
+
+    async def _session(self, runner: ServerRunner) -> Connection | None:
+        """The server's live session; a (re)starting server gets its start timeout to come up."""
+        if runner.state == "ready" and runner.conn is not None:
+            return runner.conn
+        with anyio.move_on_after(runner.cfg.start_timeout + runner.cfg.ping_timeout):
+            return await runner.wait_ready()
+        return None
+
+    def _unavailable(self, name: str, runner: ServerRunner, start: float) -> ToolResult:
+        detail = runner.last_error or runner.start_error or runner.state
+        text = f"Tool {name} unavailable: server {runner.cfg.name!r} is {runner.state} ({detail})"
+        return self._fail(name, runner.cfg.name, "unavailable", text, start)
 
     # -- health and metrics ---------------------------------------------------------------------------------
 
