@@ -14,8 +14,16 @@ def test_default_config_launches_each_server_module_with_this_interpreter() -> N
     config = default_servers_config(["calculator", "messaging"])
     assert config == {
         "mcpServers": {
-            "calculator": {"command": sys.executable, "args": ["-m", "mcprl_servers.calculator"]},
-            "messaging": {"command": sys.executable, "args": ["-m", "mcprl_servers.messaging"]},
+            "calculator": {
+                "command": sys.executable,
+                "args": ["-m", "mcprl_servers.calculator"],
+                "stateful": False,
+            },
+            "messaging": {
+                "command": sys.executable,
+                "args": ["-m", "mcprl_servers.messaging"],
+                "stateful": True,
+            },
         }
     }
 

@@ -156,3 +156,24 @@ def test_redact_json_replaces_secrets_inside_nested_strings() -> None:
     assert cfg.redact_json(value) == {"rows": [{"k": "x *** y"}], "n": 1}
     assert cfg.redact_json({"clean": True}) == {"clean": True}
     assert cfg.redact_json(None) is None
+
+
+def test_stateful_cooldown_and_argument_cap_are_read_and_checked() -> None:
+    cfg = ServersConfig.from_dict(
+        {
+            "mcpServers": {
+                "search": {"command": "p", "stateful": False, "restart": {"cooldown": 5}},
+                "messaging": {"command": "p"},
+            },
+            "defaults": {"max_argument_bytes": 4096},
+        }
+    )
+    search, messaging = cfg.servers["search"], cfg.servers["messaging"]
+    assert (search.stateful, search.restart.cooldown, search.max_argument_bytes) == (False, 5.0, 4096)
+    assert (messaging.stateful, messaging.restart.cooldown) == (True, 60.0)
+    with pytest.raises(ConfigError, match=r'server "a", key "stateful": expected true or false, got \'no\''):
+        ServersConfig.from_dict({"mcpServers": {"a": {"command": "p", "stateful": "no"}}})
+    with pytest.raises(ConfigError, match=r'key "max_argument_bytes": expected an integer >= 64, got 10'):
+        ServersConfig.from_dict({"mcpServers": {"a": {"command": "p", "max_argument_bytes": 10}}})
+    with pytest.raises(ConfigError, match=r'key "cooldown": expected a positive value, got 0'):
+        ServersConfig.from_dict({"mcpServers": {"a": {"command": "p", "restart": {"cooldown": 0}}}})

@@ -14,6 +14,7 @@ from anyio.streams.text import TextReceiveStream
 from tools_testkit import FLAKY, MARKER_VAR, marked_processes
 
 from mcprl_tools import ServersConfig, ToolManager
+from mcprl_tools._mcp import UnsendableRequestError, connect
 
 pytestmark = pytest.mark.anyio
 
@@ -86,3 +87,18 @@ async def test_http_server_killed_mid_call_is_an_infra_error_within_a_second(
     assert elapsed < 1.0
     assert later.is_infra_error
     assert marked_processes(marker) == []
+
+
+async def test_an_unencodable_request_over_http_fails_alone(
+    http_server: tuple[str, anyio.abc.Process],
+) -> None:
+    """The adapter encodes in the caller's task, so the SDK's HTTP writer never sees what it cannot send."""
+    url, _ = http_server
+    cfg = ServersConfig.from_dict({"mcpServers": {"web": {"url": url, "call_timeout": 10}}}).servers["web"]
+    lost: list[bool] = []
+    with anyio.fail_after(30):
+        async with connect(cfg, on_lost=lambda: lost.append(True)) as conn:
+            with pytest.raises(UnsendableRequestError, match="surrogates not allowed"):
+                await conn.call_tool("echo", {"text": "\ud800"}, None)
+            echoed = await conn.call_tool("echo", {"text": "after"}, None)
+    assert (echoed.text, lost) == ("after", [])

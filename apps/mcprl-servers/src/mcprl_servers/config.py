@@ -17,6 +17,8 @@ _MODULES: dict[str, str] = {
     "python": "mcprl_servers.python_sandbox",
     "messaging": "mcprl_servers.messaging",
 }
+_STATEFUL = frozenset({"messaging"})
+"""Servers that keep per-episode state between calls (a restart loses it; the others keep nothing)."""
 
 
 def default_servers_config(names: list[str] | tuple[str, ...] | None = None) -> dict[str, object]:
@@ -28,7 +30,7 @@ def default_servers_config(names: list[str] | tuple[str, ...] | None = None) -> 
 
     Returns:
         A config in the standard ``mcpServers`` shape: ``command`` is ``sys.executable`` and ``args`` is
-        ``["-m", "mcprl_servers.<module>"]``.
+        ``["-m", "mcprl_servers.<module>"]``; ``stateful`` says whether a restart loses episode state.
 
     Raises:
         ValueError: A name is not one of the bundled servers.
@@ -39,7 +41,11 @@ def default_servers_config(names: list[str] | tuple[str, ...] | None = None) -> 
         if name not in _MODULES:
             raise ValueError(f"unknown bundled server {name!r}; choose from {', '.join(SERVER_NAMES)}")
         module = _MODULES[name]
-        entry: dict[str, object] = {"command": sys.executable, "args": ["-m", module]}
+        entry: dict[str, object] = {
+            "command": sys.executable,
+            "args": ["-m", module],
+            "stateful": name in _STATEFUL,
+        }
         servers[name] = entry | _sandbox_call_limits() if name == "python" else entry
     return {"mcpServers": servers}
 

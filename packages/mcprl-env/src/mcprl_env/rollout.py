@@ -3,7 +3,8 @@
 `run_episode` is the episode boundary: whatever goes wrong inside becomes the episode's recorded error
 (``valid=False``); only cancellation propagates. Model faults (malformed calls, unknown tools, invalid
 arguments, tool errors) become tool observations and are counted; infrastructure errors end the episode
-invalid; budget stops end it with an explicit stop reason.
+invalid, and so does a stateful server restarting under the episode (`SessionWatch`); budget stops end
+it with an explicit stop reason.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mcprl_env.metrics import MODEL_FAULT_TOOL_ERRORS, EpisodeStats
 from mcprl_env.parsing import ParsedTurn, ToolCall, ToolCallParser
 from mcprl_env.protocols import ChatTokenizer, Sampler, ToolCaller, ToolOutcome
 from mcprl_env.rewards import RewardContext, combine_rewards, user_reward_values
+from mcprl_env.sessions import SessionWatch
 from mcprl_env.tasks import Task
 from mcprl_env.transcript import Transcript
 
@@ -91,7 +93,8 @@ class _Rollout:
         episode_id: str,
         group_id: str,
     ) -> None:
-        self.task, self.sampler, self.manager, self.tok = task, sampler, manager, tokenizer
+        self.sessions = SessionWatch(manager)
+        self.task, self.sampler, self.manager, self.tok = task, sampler, self.sessions, tokenizer
         self.config, self.parser = config, parser
         self._access: ToolAccess | None = access if isinstance(access, ToolAccess) else None
         self._resolve = access if callable(access) else partial(ToolAccess.for_task, manager)
@@ -193,6 +196,8 @@ class _Rollout:
         async with anyio.create_task_group() as tg:
             for i, tool_call in pending:
                 tg.start_soon(call, i, tool_call)
+        if self.sessions.restart is not None:
+            return _Stop("server_restarted", valid=False, error=self.sessions.restart)
         for i, _ in pending:
             result = results[i]
             if result.kind == "infra_error":
@@ -281,6 +286,9 @@ class _Rollout:
                 valid, error = False, f"checker: {check.infra_error}"
                 stop = _Stop("infra_error", valid=False, error=error)
             success = check.correct
+            if valid and self.sessions.restart is not None:
+                valid, error = False, self.sessions.restart
+                stop = _Stop("server_restarted", valid=False, error=error)
         user_values: dict[str, float] = {}
         if valid:
             try:

@@ -60,9 +60,11 @@ SERVER_KEYS = (
     "aliases",
     "on_catalogue_change",
     "health_interval",
+    "stateful",
+    "max_argument_bytes",
 )
 DEFAULTABLE_KEYS = SERVER_KEYS[9:]
-RESTART_KEYS = ("backoff_initial", "backoff_max", "max_crashes", "window")
+RESTART_KEYS = ("backoff_initial", "backoff_max", "max_crashes", "window", "cooldown")
 _TRANSPORT_NAMES = {
     "stdio": "stdio",
     "http": "http",
@@ -158,7 +160,7 @@ def _parse_option(ctx: ParseContext, where: str, key: str, value: object) -> dic
     match key:
         case "call_timeout" | "start_timeout" | "ping_timeout" | "health_interval":
             return {key: float(_number(ctx, at, value, integer=False))}
-        case "max_concurrency" | "output_cap_bytes":
+        case "max_concurrency" | "output_cap_bytes" | "max_argument_bytes":
             n = _number(ctx, at, value, integer=True)
             minimum = 1 if key == "max_concurrency" else 64
             if n < minimum:
@@ -168,7 +170,7 @@ def _parse_option(ctx: ParseContext, where: str, key: str, value: object) -> dic
             return _parse_restart(ctx, at, value)
         case "allow_tools" | "deny_tools":
             return {key: tuple(_string_list(ctx, at, value))}
-        case "optional":
+        case "optional" | "stateful":
             if not isinstance(value, bool):
                 raise ctx.fail(at, f"expected true or false, got {value!r}")
             return {key: value}

@@ -65,6 +65,59 @@ class ConnectionLostError(ConnectionError):
     """The server's connection closed (process exited, stream ended) while a request was pending."""
 
 
+class UnsendableRequestError(ValueError):
+    """A request could not be encoded as JSON for the wire; it was not sent and the connection is intact."""
+
+
+def encode_message(message: SessionMessage) -> bytes:
+    """The newline-terminated JSON of one outgoing message.
+
+    Raises:
+        UnsendableRequestError: The SDK's serialiser cannot encode it (a lone surrogate, nesting past its
+            depth limit, ...).
+    """
+    try:
+        data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+    except (ValueError, RecursionError) as exc:  # PydanticSerializationError is a ValueError
+        detail = str(exc).encode("utf-8", "backslashreplace").decode("utf-8")
+        raise UnsendableRequestError(detail) from exc
+    return (data + "\n").encode()
+
+
+class _EncodingWriteStream:
+    """The write side handed to the SDK: encodes in the sender's task, so an unencodable message fails
+    that one request (the SDK's dispatcher forgets it) instead of killing the task that writes the wire.
+
+    With `forward_bytes`, the encoded bytes go on (stdio, whose writer only copies bytes); otherwise the
+    message itself goes on to the SDK's own transport, which encodes it again the same way.
+    """
+
+    def __init__(self, inner: Any, *, forward_bytes: bool) -> None:
+        self._inner = inner
+        self._forward_bytes = forward_bytes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def send(self, message: SessionMessage) -> None:
+        data = encode_message(message)
+        await self._inner.send(data if self._forward_bytes else message)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
 class RemoteError(Exception):
     """The server answered a request with a JSON-RPC error."""
 
@@ -140,9 +193,12 @@ class _WatchedReadStream:
 
 
 @asynccontextmanager
-async def _watched(transport: Any, on_eof: Callable[[], None]) -> AsyncIterator[Any]:
+async def _watched(transport: Any, on_eof: Callable[[], None], *, check_writes: bool) -> AsyncIterator[Any]:
+    """`transport`'s streams, the read side reporting end-of-stream; with `check_writes`, each outgoing
+    message is encoded in the sender's task first (for transports that encode in a task of their own)."""
     async with transport as (read_stream, write_stream):
-        yield _WatchedReadStream(read_stream, on_eof), write_stream
+        checked = _EncodingWriteStream(write_stream, forward_bytes=False) if check_writes else write_stream
+        yield _WatchedReadStream(read_stream, on_eof), checked
 
 
 class Connection:
@@ -167,7 +223,20 @@ class Connection:
                 return tools
 
     async def call_tool(self, name: str, arguments: dict[str, Any], episode_id: str | None) -> RawResult:
-        """One `tools/call`; `episode_id` travels in the request `_meta`."""
+        """One `tools/call`; `episode_id` travels in the request `_meta`.
+
+        Raises:
+            UnsendableRequestError: The SDK cannot encode the request (nothing was sent).
+            ConnectionLostError: The connection ended while the call was pending.
+            RemoteError: The server answered with a JSON-RPC error.
+        """
+        try:
+            # The SDK dumps the request before its dispatcher writes it; what fails there (nesting past the
+            # serialiser's depth limit) raises a bare ValueError that says nothing of where it came from.
+            mcp_types.CallToolRequestParams(name=name, arguments=arguments).model_dump_json()
+        except (ValueError, RecursionError) as exc:
+            detail = str(exc).encode("utf-8", "backslashreplace").decode("utf-8")
+            raise UnsendableRequestError(detail) from exc
         meta: Any = {EPISODE_META_KEY: episode_id} if episode_id is not None else None
         result = await self._guard(self._client.session.call_tool(name, arguments, meta=meta))
         text = "\n".join(_block_text(b) for b in result.content)
@@ -270,7 +339,7 @@ async def _stdio_transport(
         start_new_session=True,
     )
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
+    write_send, write_recv = anyio.create_memory_object_stream[bytes](0)
 
     async def deliver(line: bytes) -> None:
         if not line.strip():
@@ -304,9 +373,8 @@ async def _stdio_transport(
         assert process.stdin is not None
         async with write_recv:
             with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-                async for message in write_recv:
-                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                    await process.stdin.send(data.encode())
+                async for data in write_recv:
+                    await process.stdin.send(data)
 
     async def drain_stderr() -> None:
         # Always drained: a server blocked on a full stderr pipe would look hung.
@@ -321,7 +389,7 @@ async def _stdio_transport(
         tg.start_soon(writer)
         tg.start_soon(drain_stderr)
         try:
-            yield read_recv, write_send
+            yield read_recv, _EncodingWriteStream(write_send, forward_bytes=True)
         finally:
             with anyio.CancelScope(shield=True):
                 write_send.close()
@@ -356,11 +424,11 @@ async def connect(
     target: Any
     match cfg.transport:
         case "stdio":
-            target = _watched(_stdio_transport(cfg, stderr, shutdown_grace), on_lost)
+            target = _watched(_stdio_transport(cfg, stderr, shutdown_grace), on_lost, check_writes=False)
         case "http":
             assert cfg.url is not None
             http = create_mcp_http_client(headers=dict(cfg.headers) or None)
-            target = _watched(streamable_http_client(cfg.url, http_client=http), on_lost)
+            target = _watched(streamable_http_client(cfg.url, http_client=http), on_lost, check_writes=True)
         case "memory":
             if not is_server_instance(memory_server):
                 raise TypeError(

@@ -74,12 +74,15 @@ class RestartPolicy:
         backoff_max: Ceiling of the delay, in seconds.
         max_crashes: Crashes tolerated within `window` seconds; one more marks the server unavailable.
         window: Length of the crash-budget window, in seconds.
+        cooldown: Seconds an unavailable server rests before it is started again with a fresh crash budget
+            (calls meanwhile fail fast as `unavailable`), so a burst of crashes does not end the run.
     """
 
     backoff_initial: float = attrs.field(default=0.5, validator=_positive)
     backoff_max: float = attrs.field(default=30.0, validator=_positive)
     max_crashes: int = attrs.field(default=5, validator=attrs.validators.ge(0))
     window: float = attrs.field(default=300.0, validator=_positive)
+    cooldown: float = attrs.field(default=60.0, validator=_positive)
 
     def delay(self, consecutive_failures: int) -> float:
         """Backoff delay before restart number `consecutive_failures` (1-based)."""
@@ -115,6 +118,11 @@ class ServerConfig:
         aliases: Argument aliases for this server's tools (`alias -> canonical`).
         on_catalogue_change: What to do when the tool catalogue changes mid-run.
         health_interval: Seconds between background health pings, or None for on-demand only.
+        stateful: The server keeps state between calls (per episode) that a restart loses; an episode that
+            used it across a restart is then invalid. True by default: wrongly assuming statelessness
+            mis-scores episodes silently, wrongly assuming state only costs a retry of the affected ones.
+        max_argument_bytes: Largest UTF-8 JSON encoding of one call's arguments; larger calls are rejected
+            as the model's fault before they reach the server.
         secrets: Values expanded from `${VAR}` references and literal `env`/`headers` values of at least
             `LITERAL_SECRET_MIN_LEN` characters, redacted by `redact`.
         variables: Names of the environment variables its `${VAR}` references read, set or not.
@@ -140,6 +148,8 @@ class ServerConfig:
     aliases: Mapping[str, str] = attrs.field(factory=dict)
     on_catalogue_change: CatalogueChangePolicy = "warn"
     health_interval: float | None = None
+    stateful: bool = True
+    max_argument_bytes: int = attrs.field(default=1 << 20, validator=attrs.validators.ge(64))
     secrets: frozenset[str] = attrs.field(factory=frozenset)
     variables: frozenset[str] = attrs.field(factory=frozenset)
 

@@ -12,16 +12,23 @@ import anyio
 import anyio.abc
 import structlog
 
-from mcprl_tools._mcp import INVALID_PARAMS, METHOD_NOT_FOUND, ConnectionLostError, RemoteError
+from mcprl_tools._mcp import (
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    Connection,
+    ConnectionLostError,
+    RemoteError,
+    UnsendableRequestError,
+)
 from mcprl_tools.cassette import CassettePlayer, CassetteRecorder
 from mcprl_tools.catalogue import build_catalogue, index_catalogue
 from mcprl_tools.config import ServerConfig, ServersConfig
 from mcprl_tools.errors import ManagerNotStartedError, ServerStartError
-from mcprl_tools.metrics import CallMetrics
+from mcprl_tools.metrics import CallMetrics, StepWindow
 from mcprl_tools.output import truncate_text
 from mcprl_tools.results import ErrorType, ToolResult, ToolSpec
 from mcprl_tools.server import ServerRunner
-from mcprl_tools.validation import ArgumentChecker
+from mcprl_tools.validation import ArgumentChecker, transport_problem
 
 logger = structlog.get_logger()
 
@@ -55,6 +62,7 @@ class ToolManager:
         self._index: dict[str, ToolSpec] = {}
         self._checkers: dict[str, ArgumentChecker] = {}
         self._metrics = CallMetrics()
+        self._step = StepWindow()
         self._recorder: CassetteRecorder | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._started = False
@@ -175,6 +183,15 @@ class ToolManager:
         """Lifecycle state of one server (`ready`, `restarting`, `unavailable`, ...)."""
         return self._runners[server].state
 
+    async def wait_ready(self, server: str) -> bool:
+        """Wait until `server` serves again (after a restart or a cool-down); False if it stopped instead.
+
+        Bound it with the caller's own deadline (`anyio.fail_after`).
+        """
+        runner = self._runners[server]
+        await runner.wait_state("ready", "stopped")
+        return runner.state == "ready"
+
     def _require_started(self) -> None:
         if not self._started:
             raise ManagerNotStartedError("ToolManager used outside `async with ToolManager(...) as manager:`")
@@ -208,6 +225,7 @@ class ToolManager:
             server=result.server, tool=spec.qualified_name if spec else name, error_type=result.error_type,
             latency_s=result.latency_s,
         )  # fmt: skip
+        self._step.record(server=result.server, error_type=result.error_type, infra=result.is_infra_error)
         if self._recorder is not None:
             self._recorder.record(name, arguments if arguments is not None else {}, episode_id, result)
         return result
@@ -220,8 +238,16 @@ class ToolManager:
         return f"Unknown tool {name!r}.{hint} Available tools: {', '.join(t.name for t in self._tools)}"
 
     def _fail(
-        self, name: str, server: str | None, error_type: ErrorType, text: str, start: float
+        self,
+        name: str,
+        server: str | None,
+        error_type: ErrorType,
+        text: str,
+        start: float,
+        generation: int | None = None,
+        stateful: bool = False,
     ) -> ToolResult:
+        """A failed call's result; `generation` when the request reached that session of the server."""
         kind = (
             "tool_error"
             if error_type in ("unknown_tool", "invalid_arguments", "tool_error")
@@ -234,6 +260,8 @@ class ToolManager:
             server=server,
             error_type=error_type,
             latency_s=time.perf_counter() - start,
+            generation=generation,
+            stateful=stateful,
         )
 
     async def _call_spec(
@@ -249,6 +277,11 @@ class ToolManager:
             arguments = {}
         if not isinstance(arguments, Mapping):
             text = f"Invalid arguments for {name}: expected a JSON object, got {type(arguments).__name__}"
+            return self._fail(name, server, "invalid_arguments", text, start)
+        cfg = self._runners[server].cfg
+        problem = transport_problem(arguments, max_bytes=cfg.max_argument_bytes)
+        if problem is not None:
+            text = f"Invalid arguments for {name}: {problem}; nothing was sent to the tool"
             return self._fail(name, server, "invalid_arguments", text, start)
         checker = self._checkers[spec.qualified_name]
         args = checker.normalise(arguments)
@@ -270,19 +303,21 @@ class ToolManager:
     ) -> ToolResult:
         cfg = runner.cfg
         timeout = cfg.call_timeout
-        conn = runner.conn if runner.state == "ready" else None
+        conn = await self._session(runner)
         if conn is None:
-            # A (re)starting server gets its start timeout to come up before the call is given up.
-            with anyio.move_on_after(cfg.start_timeout + cfg.ping_timeout):
-                conn = await runner.wait_ready()
-        if conn is None:
-            detail = runner.last_error or runner.start_error or runner.state
-            text = f"Tool {name} unavailable: server {cfg.name!r} is {runner.state} ({detail})"
-            return self._fail(name, cfg.name, "unavailable", text, start)
+            return self._unavailable(name, runner, start)
         if runner.catalogue_changed and cfg.on_catalogue_change == "refuse":
             text = f"Tool {name} refused: the tool catalogue of server {cfg.name!r} changed since start"
             return self._fail(name, cfg.name, "catalogue_changed", text, start)
+        queued = time.perf_counter()
         async with runner.limiter:
+            self._step.queue_wait(cfg.name, time.perf_counter() - queued)
+            if runner.conn is not conn:
+                # The session this call queued for ended while it waited; its successor serves it instead.
+                conn = await self._session(runner)
+                if conn is None:
+                    return self._unavailable(name, runner, start)
+            generation = runner.generation
             runner.inflight += 1
             runner.inflight_max = max(runner.inflight_max, runner.inflight)
             raw = None
@@ -291,25 +326,33 @@ class ToolManager:
                     raw = await conn.call_tool(spec.tool, args, episode_id)
             except ConnectionLostError as exc:
                 text = f"Tool {name} failed: server {cfg.name!r} crashed or closed the connection ({exc})"
-                return self._fail(name, cfg.name, "crashed", text, start)
+                return self._fail(name, cfg.name, "crashed", text, start, generation, cfg.stateful)
+            except UnsendableRequestError as exc:
+                # Only the model's arguments vary between requests, so what cannot be encoded is theirs.
+                text = (
+                    f"Invalid arguments for {name}: they cannot be encoded as JSON ({exc}); nothing was sent"
+                )
+                return self._fail(name, cfg.name, "invalid_arguments", text, start)
             except RemoteError as exc:
                 if exc.code in (INVALID_PARAMS, METHOD_NOT_FOUND):
                     return self._fail(
                         name, cfg.name, "tool_error", f"Tool {name} error: {exc.message}", start
                     )
                 runner.report_suspect()
-                return self._fail(name, cfg.name, "transport", f"Tool {name} failed: {exc}", start)
+                return self._fail(
+                    name, cfg.name, "transport", f"Tool {name} failed: {exc}", start, generation, cfg.stateful
+                )
             except Exception as exc:
                 # The call boundary: a transport fault of any type becomes an infra result, never a raise.
                 runner.report_suspect()
                 text = f"Tool {name} failed: transport error {type(exc).__name__}: {cfg.redact(str(exc))}"
-                return self._fail(name, cfg.name, "transport", text, start)
+                return self._fail(name, cfg.name, "transport", text, start, generation, cfg.stateful)
             finally:
                 runner.inflight -= 1
         if raw is None or deadline.cancelled_caught:
             runner.report_suspect()
             text = f"Tool {name} timed out after {timeout:g} s"
-            return self._fail(name, cfg.name, "timeout", text, start)
+            return self._fail(name, cfg.name, "timeout", text, start, generation, cfg.stateful)
         text, structured = raw.text, raw.structured
         if cfg.secrets:
             # A server must not hand its own credentials to the model, even by echoing them.
@@ -324,7 +367,22 @@ class ToolManager:
             error_type="tool_error" if raw.is_error else None,
             latency_s=time.perf_counter() - start,
             truncated=truncated,
+            generation=generation,
+            stateful=cfg.stateful,
         )
+
+    async def _session(self, runner: ServerRunner) -> Connection | None:
+        """The server's live session; a (re)starting server gets its start timeout to come up."""
+        if runner.state == "ready" and runner.conn is not None:
+            return runner.conn
+        with anyio.move_on_after(runner.cfg.start_timeout + runner.cfg.ping_timeout):
+            return await runner.wait_ready()
+        return None
+
+    def _unavailable(self, name: str, runner: ServerRunner, start: float) -> ToolResult:
+        detail = runner.last_error or runner.start_error or runner.state
+        text = f"Tool {name} unavailable: server {runner.cfg.name!r} is {runner.state} ({detail})"
+        return self._fail(name, runner.cfg.name, "unavailable", text, start)
 
     # -- health and metrics ---------------------------------------------------------------------------------
 
@@ -361,3 +419,15 @@ class ToolManager:
             ]
         gauges.append(("tools/restarts", float(sum(r.restarts for r in self._runners.values()))))
         return self._metrics.snapshot(gauges)
+
+    def step_metrics(self) -> dict[str, float]:
+        """Infrastructure events since the previous call, for one line of a trainer's metrics per step.
+
+        Restarts, crashes, unavailable periods, timeouts, infrastructure errors and queue waits, overall and
+        per server, under `tools/step/` (see `mcprl_tools.metrics.StepWindow`).
+        """
+        totals = {
+            name: {"restarts": r.restarts, "crashes": r.crashes, "unavailable_periods": r.unavailable_periods}
+            for name, r in self._runners.items()
+        }
+        return self._step.take(totals)

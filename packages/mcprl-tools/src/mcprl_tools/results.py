@@ -74,6 +74,10 @@ class ToolResult:
         error_type: Why it failed (None when ok).
         latency_s: Wall time of the call as seen by the caller.
         truncated: Whether `text` was cut at the output cap.
+        generation: Which process of the server handled the call (1 for the first start, +1 per restart);
+            None when the call never reached a server (unknown tool, invalid arguments, unavailable).
+        stateful: The server keeps state between calls (`ServerConfig.stateful`), so a change of
+            `generation` within an episode means the episode's state was lost.
     """
 
     kind: ResultKind
@@ -84,6 +88,8 @@ class ToolResult:
     error_type: ErrorType | None = None
     latency_s: float = 0.0
     truncated: bool = False
+    generation: int | None = None
+    stateful: bool = False
 
     @property
     def ok(self) -> bool:

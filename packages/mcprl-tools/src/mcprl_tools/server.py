@@ -50,6 +50,9 @@ class ServerRunner:
         catalogue_changed: Whether a later listing differed from the pinned one.
         start_error: Why the first start failed (stderr tail included), if it did.
         restarts: Restarts so far.
+        crashes: Crashes and hangs so far (each ended a session).
+        generation: Sessions published so far: 1 after the first start, +1 per restart (0 before).
+        unavailable_periods: Times the crash budget ran out and the server rested for `restart.cooldown`.
         inflight: Calls in flight now; `inflight_max` is the high-water mark.
     """
 
@@ -66,10 +69,13 @@ class ServerRunner:
         self.last_error: str | None = None
         self.restarts = 0
         self.crashes = 0
+        self.generation = 0
+        self.unavailable_periods = 0
         self.inflight = 0
         self.inflight_max = 0
         self.first_attempt_done = anyio.Event()
         self._ready = anyio.Event()
+        self._changed = anyio.Event()
         self._wake = anyio.Event()
         self._stopping = False
         self._lost = False
@@ -117,8 +123,15 @@ class ServerRunner:
                 case "starting" | "checking" | "restarting":
                     await self._ready.wait()
 
+    async def wait_state(self, *states: State) -> None:
+        """Return once the server is in one of `states` (through restarts and cool-downs)."""
+        while self.state not in states:
+            await self._changed.wait()
+
     def _set_state(self, state: State) -> None:
         self.state = state
+        self._changed.set()
+        self._changed = anyio.Event()
         if state in ("ready", "unavailable", "stopped"):
             self._ready.set()
         elif self._ready.is_set():
@@ -127,7 +140,7 @@ class ServerRunner:
     # -- supervision ----------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve, restart with backoff on crash or hang, give up past the crash budget."""
+        """Serve, restart with backoff on crash or hang; past the crash budget rest, then start afresh."""
         policy = self.cfg.restart
         crash_times: deque[float] = deque()
         failures = 0
@@ -148,9 +161,12 @@ class ServerRunner:
                 crash_times.popleft()
             failures = failures + 1 if outcome == "start_failed" else 1
             if len(crash_times) > policy.max_crashes:
-                logger.error("mcp_server_unavailable", server=self.cfg.name, crashes=len(crash_times))
-                self._set_state("unavailable")
-                return
+                if not await self._cool_down(len(crash_times)):
+                    return
+                crash_times.clear()
+                failures = 0
+                self.restarts += 1
+                continue
             delay = policy.delay(failures)
             logger.warning(
                 "mcp_server_restarting",
@@ -166,6 +182,21 @@ class ServerRunner:
                 self._set_state("stopped")
                 return
             self.restarts += 1
+
+    async def _cool_down(self, crashes: int) -> bool:
+        """Unavailable for `restart.cooldown` seconds (calls fail fast); False when stopped meanwhile."""
+        cooldown = self.cfg.restart.cooldown
+        self.unavailable_periods += 1
+        logger.error("mcp_server_unavailable", server=self.cfg.name, crashes=crashes, cooldown_s=cooldown)
+        self._set_state("unavailable")
+        with anyio.move_on_after(cooldown):
+            await self._stop_event.wait()
+        if self._stopping:
+            self._set_state("stopped")
+            return False
+        logger.warning("mcp_server_retrying_after_cooldown", server=self.cfg.name)
+        self._set_state("restarting")
+        return True
 
     def _shutdown_grace(self) -> float:
         return _HUNG_GRACE_S if self._hung else _GRACE_S
@@ -229,10 +260,17 @@ class ServerRunner:
             self.tools = tools
         elif digest != self.pinned_hash:
             self._catalogue_mismatch(digest)
+        self.generation += 1
         self.conn = conn
         self._set_state("ready")
         self.first_attempt_done.set()
-        logger.info("mcp_server_ready", server=self.cfg.name, tools=len(tools), restarts=self.restarts)
+        logger.info(
+            "mcp_server_ready",
+            server=self.cfg.name,
+            tools=len(tools),
+            restarts=self.restarts,
+            generation=self.generation,
+        )
 
     def _catalogue_mismatch(self, digest: str) -> None:
         if not self.catalogue_changed:

@@ -1,7 +1,9 @@
-"""Argument alias normalisation and JSON-schema validation of tool arguments."""
+"""Tool arguments: what the transport can carry, alias normalisation and JSON-schema validation."""
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +13,9 @@ import jsonschema.protocols
 import jsonschema.validators
 
 _MAX_MESSAGE = 400
+_FLOAT_MAX = sys.float_info.max
+MAX_ARGUMENT_DEPTH = 64
+"""Deepest nesting of a call's arguments; past it the call is the model's fault, not the serialiser's."""
 
 
 class ArgumentChecker:
@@ -57,3 +62,70 @@ class ArgumentChecker:
         location = f" at '{where}'" if where else ""
         message = best.message if len(best.message) <= _MAX_MESSAGE else best.message[:_MAX_MESSAGE] + "…"
         return f"{message}{location}"
+
+
+def transport_problem(arguments: Mapping[str, Any], *, max_bytes: int) -> str | None:
+    """Why `arguments` cannot travel to a server intact, or None when they can.
+
+    JSON (RFC 8259) carries Unicode scalar values, finite numbers and string keys; the SDK's serialiser
+    raises on a lone surrogate, silently turns NaN and infinities into `null`, and a peer that reads
+    numbers as IEEE doubles cannot hold an integer past their range (RFC 8259 §6). NUL is JSON-clean but
+    ends a C string in whatever the server hands it to. Nesting and size are bounded so one call cannot
+    exhaust the serialiser's recursion or a server's memory.
+
+    Args:
+        arguments: Decoded tool arguments.
+        max_bytes: Largest UTF-8 JSON encoding accepted.
+    """
+    left = max_bytes
+    stack: list[tuple[object, int, str]] = [(arguments, 0, "")]
+    while stack:
+        value, depth, where = stack.pop()
+        at = f" at '{where[:80]}'" if where else ""
+        if depth > MAX_ARGUMENT_DEPTH:
+            return f"arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels{at}"
+        match value:
+            case bool() | None:
+                left -= 5
+            case int():
+                if abs(value) > _FLOAT_MAX:
+                    return f"integer{at} is outside the range a JSON number can carry (about ±1.8e308)"
+                left -= 24
+            case float():
+                if not math.isfinite(value):
+                    return f"{value!r}{at} is not a JSON number (NaN and infinities cannot be sent)"
+                left -= 24
+            case str():
+                size, problem = _encoded_string(value)
+                if problem is not None:
+                    return f"string{at} {problem}"
+                left -= size + 2
+            case Mapping():
+                for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
+                    if not isinstance(key, str):
+                        return f"object key {key!r}{at} is not a string"
+                    size, problem = _encoded_string(key)
+                    if problem is not None:
+                        return f"object key{at} {problem}"
+                    left -= size + 4
+                    stack.append((item, depth + 1, f"{where}/{key}" if where else key))
+            case list() | tuple():
+                for i, item in enumerate(value):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+                    stack.append((item, depth + 1, f"{where}/{i}" if where else str(i)))
+            case _:
+                return f"{type(value).__name__} value{at} is not JSON"
+        if left < 0:
+            return f"arguments are larger than {max_bytes} bytes"
+    return None
+
+
+def _encoded_string(text: str) -> tuple[int, str | None]:
+    """UTF-8 size of `text`, and why it cannot be sent (None when it can)."""
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        where = f"{text[exc.start]!r} at index {exc.start}"
+        return 0, f"holds a lone surrogate ({where}), which UTF-8 cannot encode"
+    if "\x00" in text:
+        return size, f"holds a NUL character (at index {text.index(chr(0))})"
+    return size, None

@@ -202,14 +202,15 @@ def _merge_layer(base: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str,
     """Deep-merge ``layer`` over ``base``; a layer naming a tools source replaces the other sources.
 
     The earlier layers' ``tools.allow_tools`` narrowed the servers of the source being replaced, so it goes
-    with it (a layer that names a source may give its own allow-lists). A layer naming the source the base
-    already has merges into it (``--set tools.mcp_servers.NAME.env.KEY=VALUE`` sets one value).
+    with it (a layer that names a source may give its own allow-lists). A layer of inline servers over
+    inline servers merges into them (``--set tools.mcp_servers.NAME.env.KEY=VALUE`` sets one value).
     """
     tools = layer.get("tools")
     base_tools = base.get("tools")
     if is_mapping(tools) and is_mapping(base_tools):
         chosen = [k for k in _TOOL_SOURCES if tools.get(k) is not None]
-        if chosen and base_tools.get(chosen[0]) is None:
+        inline_over_inline = chosen == ["mcp_servers"] and base_tools.get("mcp_servers") is not None
+        if chosen and not inline_over_inline:
             dropped = {*_TOOL_SOURCES, "allow_tools"}
             base = {**base, "tools": {k: v for k, v in base_tools.items() if k not in dropped}}
     return deep_merge(base, layer)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 import structlog
 
@@ -143,3 +144,19 @@ def rollout_metrics(groups: Sequence[EpisodeGroup], prefix: str = "rollout") -> 
         head, _, rest = key.partition("/")
         out[f"{prefix}/{rest}" if head == "rollout" else f"{prefix}/{key}"] = value
     return out
+
+
+@runtime_checkable
+class StepMetered(Protocol):
+    """A tool caller that reports its infrastructure events per step (`mcprl_tools.ToolManager`)."""
+
+    def step_metrics(self) -> dict[str, float]: ...
+
+
+def tool_step_metrics(env: Environment) -> dict[str, float]:
+    """This process's tool-server events since the previous call: `tools/step/restarts`, `.../crashes`,
+    `.../timeouts`, `.../infra_errors`, `.../queue_wait_max_ms`, per server too (`ToolManager.step_metrics`).
+
+    Validation between steps counts toward the next step. Empty for a tool caller that does not report them.
+    """
+    return env.manager.step_metrics() if isinstance(env.manager, StepMetered) else {}

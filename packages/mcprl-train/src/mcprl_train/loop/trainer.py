@@ -23,7 +23,7 @@ from mcprl_policy.decode import end_of_turn_ids
 from mcprl_train import build, collectives
 from mcprl_train.build import TaskData
 from mcprl_train.config import Config
-from mcprl_train.loop.collection import check_invalid_rate, rollout_metrics
+from mcprl_train.loop.collection import check_invalid_rate, rollout_metrics, tool_step_metrics
 from mcprl_train.loop.learner import Learner, mean_over_ranks
 from mcprl_train.loop.rollouts import Rollouts
 from mcprl_train.loop.state import TrainState, seed_everything
@@ -274,6 +274,7 @@ class Trainer:
         self.emit("after_rollout")
         self.state.position = self.stream.position
         metrics = rollout_metrics(everyone)
+        metrics.update(tool_step_metrics(self.rollouts.env))
         metrics.update(self.rollouts.sampler.metrics())
         metrics.update(adv)
         metrics["rollout/invalid_rate"] = invalid_rate
