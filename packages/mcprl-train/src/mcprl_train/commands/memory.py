@@ -1,0 +1,275 @@
+"""The memory model of `mcprl-train plan`: peak bytes per device of training a config's model.
+
+The formulas, their symbols and their sources are written down in the mcprl-train README ("Memory model");
+each row of a `MemoryPlan` carries the formula with the config's numbers filled in. In short, per device of
+``N`` (``distributed.num_gpus`` under DeepSpeed, else 1) with ZeRO stage ``z`` (0 without DeepSpeed):
+
+- weights: ``P·w`` (QLoRA: the decoder's linear layers in double-quantised NF4), ``/N`` with a gathered
+  layer and the prefetch bucket live under ZeRO-3; LoRA adapters in fp32.
+- gradients ``T·g`` (``/N`` from ZeRO-2), AdamW ``2·T`` moments plus fp32 master weights under DeepSpeed
+  mixed precision (``/N`` from ZeRO-1): Rajbhandari et al. 2020, "ZeRO", §3 (K = 12).
+- DeepSpeed's full sampling replica per rank; the frozen reference copy of a full fine-tune with KL (a copy
+  of the replica under DeepSpeed, so never partitioned).
+- activations of ``optim.micro_batch_tokens`` packed tokens (Korthikanti et al. 2022, §4, with
+  memory-efficient attention, SwiGLU and GQA), with or without gradient checkpointing; one logits chunk.
+- the HF sampler's KV cache and prefix-cache budget, or vLLM's share of the device; the CUDA context.
+"""
+
+from __future__ import annotations
+
+from typing import assert_never
+
+import attrs
+
+from mcprl_train.commands.shape import ModelShape
+from mcprl_train.config import Config
+
+__all__ = [
+    "CUDA_CONTEXT_BYTES",
+    "GIB",
+    "NF4_BYTES_PER_PARAM",
+    "MemoryPlan",
+    "MemoryRow",
+    "estimate_memory",
+    "layer_activation_bytes",
+]
+
+GIB = 1024**3
+CUDA_CONTEXT_BYTES = GIB // 2
+# 4 bits + double-quantised absmax: one int8 per 64-weight block and one fp32 per 256 blocks (Dettmers et al.
+# 2023, "QLoRA", §3 "Double Quantization": 8/64 + 32/(64·256) bits per parameter).
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@attrs.frozen(kw_only=True)
+class MemoryRow:
+    """One component of the estimate: its bytes per device and the formula that gave them."""
+
+    name: str
+    nbytes: int
+    formula: str
+
+
+@attrs.frozen(kw_only=True)
+class MemoryPlan:
+    """Per-device memory estimate of a config (bytes) and the verdict.
+
+    Attributes:
+        rows: The components in display order (the vLLM share is one when the sampler is vLLM).
+        device: Device kind the estimate is for.
+        num_devices: Devices the model is spread over.
+        device_memory: Bytes available per device (None: unknown).
+        notes: Assumptions worth showing next to the table.
+    """
+
+    model: str
+    shape: ModelShape
+    trainable_params: int
+    rows: tuple[MemoryRow, ...]
+    device: str
+    num_devices: int
+    device_memory: int | None
+    notes: tuple[str, ...] = ()
+
+    def bytes_of(self) -> dict[str, int]:
+        """``component → bytes per device``."""
+        return {row.name: row.nbytes for row in self.rows}
+
+    @property
+    def total(self) -> int:
+        return sum(row.nbytes for row in self.rows)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.device_memory is None else self.total <= self.device_memory
+
+    @property
+    def headroom(self) -> int | None:
+        return None if self.device_memory is None else self.device_memory - self.total
+
+
+def _m(n: int) -> str:
+    return f"{n / 1e6:,.1f}M"
+
+
+def estimate_memory(
+    config: Config, shape: ModelShape, *, device: str, device_memory: int | None
+) -> MemoryPlan:
+    """Estimate the peak memory per device of training ``config``'s model with shape ``shape``.
+
+    Args:
+        config: The resolved config (model dtype, LoRA, quantization, ZeRO stage, micro-batch, sampler).
+        shape: The model's shape (`mcprl_train.commands.plan.load_model_shape`).
+        device: ``cuda``, ``mps`` or ``cpu``: the CUDA context is counted on ``cuda`` only.
+        device_memory: Bytes per device, None when unknown (a vLLM share then cannot be sized).
+    """
+    ds = config.distributed
+    n = ds.num_gpus if ds.backend == "deepspeed" else 1
+    stage = ds.zero_stage if ds.backend == "deepspeed" else 0
+    w = _DTYPE_BYTES[config.model.dtype]
+    p = shape.num_params
+    lora = config.lora
+    t = shape.lora_params(lora.r, lora.target_modules or ()) if lora else p
+    rows: list[MemoryRow] = []
+    notes: list[str] = []
+
+    base, base_formula = _base_weights(config, shape, w)
+    if stage == 3:
+        rows.append(MemoryRow(name="weights", nbytes=base // n, formula=f"({base_formula}) / {n} ranks"))
+        gathered = max(shape.layer_params, shape.embedding_params) + _prefetch_bucket(config)
+        rows.append(
+            MemoryRow(
+                name="zero3 gathered params",
+                nbytes=gathered * w,
+                formula=f"(max(layer, embedding) + prefetch bucket) {_m(gathered)} × {w} B",
+            )
+        )
+    else:
+        rows.append(MemoryRow(name="weights", nbytes=base, formula=base_formula))
+    if lora:
+        rows.append(MemoryRow(name="lora adapters (fp32)", nbytes=t * 4, formula=f"T {_m(t)} × 4 B"))
+
+    g = 4 if lora else w
+    rows.append(_sharded("gradients", t * g, f"T {_m(t)} × {g} B", n, stage >= 2))
+    mixed = ds.backend == "deepspeed" and ds.bf16 and not lora
+    if mixed:
+        opt, opt_formula = t * 12, f"T {_m(t)} × (4 + 4 + 4) B: fp32 master, m, v"
+    else:
+        s = 4 if lora else w
+        opt, opt_formula = t * 2 * s, f"T {_m(t)} × 2 × {s} B: m, v"
+    rows.append(_sharded("optimizer states", opt, opt_formula, n, stage >= 1))
+
+    if ds.backend == "deepspeed":
+        replica = base + (t * 4 if lora else 0)
+        rows.append(
+            MemoryRow(
+                name="sampling replica",
+                nbytes=replica,
+                formula=f"{base_formula}" + (" + adapters" if lora else "") + ", unpartitioned, per rank",
+            )
+        )
+    if lora is None and config.grpo.kl_coef > 0:
+        rows.append(
+            MemoryRow(name="reference policy", nbytes=p * w, formula=f"P {_m(p)} × {w} B, frozen copy")
+        )
+
+    rows.extend(_activation_rows(config, shape, w))
+    rows.extend(_sampler_rows(config, shape, w, device_memory))
+    if config.sampler.backend == "vllm":
+        notes.append(
+            "vLLM's share holds its own copy of the weights and its KV cache"
+            if device_memory is not None
+            else "vLLM's share is unknown: set distributed.device_memory_gb"
+        )
+    if device == "cuda":
+        rows.append(MemoryRow(name="cuda context", nbytes=CUDA_CONTEXT_BYTES, formula="0.5 GiB"))
+    if device == "cpu" and n > 1:
+        notes.append(f"{n} processes share the host memory: each gets 1/{n}")
+    return MemoryPlan(
+        model=config.model.name,
+        shape=shape,
+        trainable_params=t,
+        rows=tuple(rows),
+        device=device,
+        num_devices=n,
+        device_memory=device_memory,
+        notes=tuple(notes),
+    )
+
+
+def _base_weights(config: Config, shape: ModelShape, w: int) -> tuple[int, str]:
+    p = shape.num_params
+    if config.quantization is None:
+        return p * w, f"P {_m(p)} × {w} B"
+    linear = shape.num_layers * shape.layer_linear_params
+    nbytes = round(linear * NF4_BYTES_PER_PARAM) + (p - linear) * w
+    return nbytes, f"linear {_m(linear)} × {NF4_BYTES_PER_PARAM:.4f} B ({config.quantization}) + rest × {w} B"
+
+
+def _prefetch_bucket(config: Config) -> int:
+    from mcprl_train.parallel.deepspeed import deepspeed_config
+
+    return int(deepspeed_config(config)["zero_optimization"]["stage3_prefetch_bucket_size"])
+
+
+def _sharded(name: str, nbytes: int, formula: str, n: int, partitioned: bool) -> MemoryRow:
+    if not partitioned:
+        return MemoryRow(name=name, nbytes=nbytes, formula=formula)
+    return MemoryRow(name=name, nbytes=nbytes // n, formula=f"{formula} / {n} ranks")
+
+
+def layer_activation_bytes(config: Config, shape: ModelShape, w: int) -> int:
+    """Bytes one decoder layer saves for backward per token.
+
+    The layer input and both normalised inputs (3h), q/k/v (q + 2kv), the attention output (q; the
+    memory-efficient kernel keeps only a per-row logsumexp), gate, up and act(gate)·up (3i); with LoRA, each
+    targeted module's input cast to fp32 (4 B, plus a 1-byte dropout mask when dropout > 0) and its rank-r
+    intermediate.
+    """
+    h, i = shape.hidden_size, shape.intermediate_size
+    per_token = w * (3 * h + 2 * shape.q_dim + 2 * shape.kv_dim + 3 * i)
+    lora = config.lora
+    if lora is not None:
+        targets = shape.lora_targets(lora.target_modules or ())
+        mask = 1 if lora.dropout > 0 else 0
+        per_token += shape.lora_inputs(targets) * (4 + mask) + len(targets) * lora.r * 4
+    return per_token
+
+
+def _activation_rows(config: Config, shape: ModelShape, w: int) -> list[MemoryRow]:
+    tokens = config.optim.micro_batch_tokens
+    layer = layer_activation_bytes(config, shape, w)
+    big_l = shape.num_layers
+    if config.model.gradient_checkpointing:
+        act = tokens * (big_l * shape.hidden_size * w + layer)
+        formula = f"{tokens} tok × ({big_l} × h {shape.hidden_size} × {w} B + one layer {layer} B)"
+    else:
+        act = tokens * big_l * layer
+        formula = f"{tokens} tok × {big_l} layers × {layer} B"
+    chunk = config.optim.logits_chunk_size
+    return [
+        MemoryRow(name="activations", nbytes=act, formula=formula),
+        MemoryRow(
+            name="logits chunk",
+            nbytes=chunk * shape.vocab_size * 4 * 3,
+            formula=f"{chunk} tok × V {shape.vocab_size} × 4 B × 3 (logits, log-softmax, gradient)",
+        ),
+    ]
+
+
+def _sampler_rows(config: Config, shape: ModelShape, w: int, device_memory: int | None) -> list[MemoryRow]:
+    sampler = config.sampler
+    match sampler.backend:
+        case "hf":
+            b, s = sampler.max_batch_size, config.env.max_total_tokens
+            slots = shape.kv_tokens(s)
+            rows = [
+                MemoryRow(
+                    name="sampler kv cache",
+                    nbytes=b * slots * 2 * shape.kv_dim * w,
+                    formula=f"{b} seqs × {slots:,} slots ({shape.num_layers} layers × ≤ {s} tok) × 2 (k, v)"
+                    f" × kv {shape.kv_dim} × {w} B",
+                )
+            ]
+            if sampler.prefix_cache_mb > 0:
+                mib = sampler.prefix_cache_mb
+                rows.append(
+                    MemoryRow(
+                        name="sampler prefix cache", nbytes=int(mib * 2**20), formula=f"{mib:g} MiB budget"
+                    )
+                )
+            return rows
+        case "vllm":
+            u = sampler.gpu_memory_utilization
+            if device_memory is None:
+                return []
+            return [
+                MemoryRow(
+                    name="vLLM share (reserved)",
+                    nbytes=int(device_memory * u),
+                    formula=f"{u:g} × device {device_memory / GIB:,.1f} GiB",
+                )
+            ]
+        case _ as unreachable:
+            assert_never(unreachable)
