@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from transformers import (
 )
 
 from mcprl_train.commands.architectures import KNOWN_ARCHITECTURES
+from mcprl_train.commands.memory import layer_activation_bytes
 from mcprl_train.commands.plan import ModelShape, load_model_shape, plan_memory, render_plan
 from mcprl_train.config import Config
 from mcprl_train.errors import PlanError
@@ -88,10 +90,17 @@ def readme_estimate(config: Config, arch: tuple[int, int, int, int, int, int, in
     if lora is None and config.grpo.kl_coef > 0:
         rows["reference policy"] = p * w
     s = config.optim.micro_batch_tokens
-    a = w * (3 * h + 2 * q + 2 * k + 3 * i)
-    if lora is not None:
-        a += sum(ins.values()) * (4 + (1 if lora.dropout > 0 else 0)) + 7 * 4 * lora.r
-    rows["activations"] = s * (big_l * h * w + a) if config.model.gradient_checkpointing else s * big_l * a
+    a = 2 * (4 * h + 4) + w * (2 * q + 2 * k) + 4 * heads + 3 * w * i + 4 * (q + k) + 4 * (heads + kv_heads)
+    if lora is None:
+        a += 4 * w * h + w * i + w * (q + k)
+    else:
+        mask = 0 if lora.dropout == 0 else 1 if config.model.device == "cuda" else 4
+        a += sum(ins.values()) * (4 + mask) + 7 * 4 * lora.r
+    a0 = 8 + 2 * d * w + 4 * h + 4 + 2 * w * h
+    if config.model.gradient_checkpointing:
+        rows["activations"] = s * (big_l * h * w + a + a0)
+    else:
+        rows["activations"] = s * (big_l * a + a0)
     rows["logits chunk"] = config.optim.logits_chunk_size * v * 4 * 3
     if config.sampler.backend == "hf":
         rows["sampler kv cache"] = (
@@ -190,12 +199,12 @@ def _save(cfg: PretrainedConfig, path: Path) -> str:
     return str(path)
 
 
-def _small_qwen3(*, tied: bool = False, sliding_window: int | None = None) -> Qwen3Config:
+def _small_qwen3(*, tied: bool = False, sliding_window: int | None = None, layers: int = 2) -> Qwen3Config:
     return Qwen3Config(
         vocab_size=100,
         hidden_size=64,
         intermediate_size=96,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
@@ -242,6 +251,56 @@ def test_lora_on_a_bf16_base_equals_the_measured_bytes(tmp_path: Path) -> None:
     )
     assert rows["optimizer states"] == _state_bytes(optimizer)
     assert "reference policy" not in rows  # the adapters-off view is the reference
+
+
+def _saved_bytes_per_token(model: torch.nn.Module, seq: int) -> float:
+    """Bytes autograd keeps for backward (parameters excluded, shared storages once) over ``seq`` tokens."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    ids = torch.randint(0, 100, (1, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(input_ids=ids).logits
+    assert out.requires_grad
+    return sum(saved.values()) / seq
+
+
+def _with_lora(model: torch.nn.Module, dropout: float | None) -> torch.nn.Module:
+    from mcprl_policy.config import LoraSettings
+    from mcprl_policy.lora import apply_lora
+
+    return model if dropout is None else apply_lora(model, LoraSettings(r=8, alpha=16, dropout=dropout))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "lora_dropout"),
+    [("float32", None), ("bfloat16", None), ("bfloat16", 0.0), ("bfloat16", 0.05)],
+)
+def test_one_layers_saved_activations_equal_the_formula(
+    tmp_path: Path, dtype: Literal["float32", "bfloat16"], lora_dropout: float | None
+) -> None:
+    """A real Qwen3 forward on CPU (SDPA): what one more layer adds to autograd's saved tensors, per token."""
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    overrides = [f"model.dtype={dtype}"]
+    if lora_dropout is not None:
+        overrides += ["lora.r=8", "lora.alpha=16", f"lora.dropout={lora_dropout}"]
+    config = Config.load(profile="cpu", overrides=overrides)
+    per_layer: list[float] = []
+    for layers in (1, 2):
+        model = _with_lora(_build(_small_qwen3(layers=layers)).to(torch_dtype), lora_dropout)
+        model.train()
+        by_length = [_saved_bytes_per_token(model, seq) for seq in (64, 128)]
+        assert by_length[0] == by_length[1]  # linear in the sequence: no s² attention scores kept
+        per_layer.append(by_length[0])
+    shape = load_model_shape(_save(_small_qwen3(), tmp_path / "m"))
+    w = 4 if dtype == "float32" else 2
+    assert per_layer[1] - per_layer[0] == layer_activation_bytes(config, shape, w, device="cpu")
 
 
 def test_a100x2_counts_the_replica_and_an_unpartitioned_reference_per_rank() -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "MemoryRow",
     "estimate_memory",
     "layer_activation_bytes",
+    "model_activation_bytes",
 ]
 
 GIB = 1024**3
@@ -154,7 +155,7 @@ def estimate_memory(
             MemoryRow(name="reference policy", nbytes=p * w, formula=f"P {_m(p)} × {w} B, frozen copy")
         )
 
-    rows.extend(_activation_rows(config, shape, w))
+    rows.extend(_activation_rows(config, shape, w, device))
     rows.extend(_sampler_rows(config, shape, w, device_memory))
     if config.sampler.backend == "vllm":
         notes.append(
@@ -199,34 +200,49 @@ def _sharded(name: str, nbytes: int, formula: str, n: int, partitioned: bool) ->
     return MemoryRow(name=name, nbytes=nbytes // n, formula=f"{formula} / {n} ranks")
 
 
-def layer_activation_bytes(config: Config, shape: ModelShape, w: int) -> int:
-    """Bytes one decoder layer saves for backward per token.
+def layer_activation_bytes(config: Config, shape: ModelShape, w: int, *, device: str) -> int:
+    """Bytes one decoder layer saves for backward per token (measured term by term on CPU in test_plan.py).
 
-    The layer input and both normalised inputs (3h), q/k/v (q + 2kv), the attention output (q; the
-    memory-efficient kernel keeps only a per-row logsumexp), gate, up and act(gate)·up (3i); with LoRA, each
-    targeted module's input cast to fp32 (4 B, plus a 1-byte dropout mask when dropout > 0) and its rank-r
-    intermediate.
+    Always: each RMSNorm's fp32 input and its per-row rsqrt (``2·(4h + 4)``, and ``4(q + k) + 4(H + H_kv)``
+    for Qwen3's q/k norms); the attention kernel's q, k, v and output at ``w`` and its fp32 per-head
+    logsumexp (a memory-efficient kernel keeps no ``s²`` scores); the MLP's gate, act(gate) and up (``3·w·i``).
+    A trained base adds the linear layers' inputs and the norms' normalised values (``4·w·h + w·i``, plus
+    ``w(q + k)`` for the q/k norms). LoRA leaves those out (frozen weights need no inputs) and adds, per
+    targeted module, its input cast to the fp32 adapter dtype, a dropout mask when ``lora.dropout > 0`` (bool
+    on CUDA's fused kernel, fp32 elsewhere) and the rank-r intermediate.
     """
-    h, i = shape.hidden_size, shape.intermediate_size
-    per_token = w * (3 * h + 2 * shape.q_dim + 2 * shape.kv_dim + 3 * i)
+    h, i, q, k = shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
+    heads, kv_heads = shape.num_heads, shape.num_kv_heads
+    qk_norm = shape.qk_norm
+    per_token = 2 * (4 * h + 4) + w * (2 * q + 2 * k) + 4 * heads + 3 * w * i
+    if qk_norm:
+        per_token += 4 * (q + k) + 4 * (heads + kv_heads)
     lora = config.lora
-    if lora is not None:
-        targets = shape.lora_targets(lora.target_modules or ())
-        mask = 1 if lora.dropout > 0 else 0
-        per_token += shape.lora_inputs(targets) * (4 + mask) + len(targets) * lora.r * 4
-    return per_token
+    if lora is None:
+        return per_token + 4 * w * h + w * i + (w * (q + k) if qk_norm else 0)
+    targets = shape.lora_targets(lora.target_modules or ())
+    mask = 0 if lora.dropout == 0 else 1 if device == "cuda" else 4
+    return per_token + shape.lora_inputs(targets) * (4 + mask) + len(targets) * lora.r * 4
 
 
-def _activation_rows(config: Config, shape: ModelShape, w: int) -> list[MemoryRow]:
+def model_activation_bytes(shape: ModelShape, w: int) -> int:
+    """Bytes saved per token outside the layers: token ids, RoPE's cos and sin, the final norm."""
+    return 8 + 2 * shape.head_dim * w + (4 * shape.hidden_size + 4) + 2 * w * shape.hidden_size
+
+
+def _activation_rows(config: Config, shape: ModelShape, w: int, device: str) -> list[MemoryRow]:
     tokens = config.optim.micro_batch_tokens
-    layer = layer_activation_bytes(config, shape, w)
+    layer = layer_activation_bytes(config, shape, w, device=device)
+    outside = model_activation_bytes(shape, w)
     big_l = shape.num_layers
     if config.model.gradient_checkpointing:
-        act = tokens * (big_l * shape.hidden_size * w + layer)
-        formula = f"{tokens} tok × ({big_l} × h {shape.hidden_size} × {w} B + one layer {layer} B)"
+        act = tokens * (big_l * shape.hidden_size * w + layer + outside)
+        formula = (
+            f"{tokens} tok × ({big_l} × h {shape.hidden_size} × {w} B + one layer {layer} B + {outside} B)"
+        )
     else:
-        act = tokens * big_l * layer
-        formula = f"{tokens} tok × {big_l} layers × {layer} B"
+        act = tokens * (big_l * layer + outside)
+        formula = f"{tokens} tok × ({big_l} layers × {layer} B + {outside} B)"
     chunk = config.optim.logits_chunk_size
     return [
         MemoryRow(name="activations", nbytes=act, formula=formula),
