@@ -105,56 +105,12 @@ def estimate_memory(
         device: ``cuda``, ``mps`` or ``cpu``: the CUDA context is counted on ``cuda`` only.
         device_memory: Bytes per device, None when unknown (a vLLM share then cannot be sized).
     """
-    ds = config.distributed
-    n = ds.num_gpus if ds.backend == "deepspeed" else 1
-    stage = ds.zero_stage if ds.backend == "deepspeed" else 0
+    n, _ = _zero(config)
     w = _DTYPE_BYTES[config.model.dtype]
-    p = shape.num_params
     lora = config.lora
-    t = shape.lora_params(lora.r, lora.target_modules or ()) if lora else p
-    rows: list[MemoryRow] = []
+    t = shape.lora_params(lora.r, lora.target_modules or ()) if lora else shape.num_params
     notes: list[str] = []
-
-    base, base_formula = _base_weights(config, shape, w)
-    if stage == 3:
-        rows.append(MemoryRow(name="weights", nbytes=base // n, formula=f"({base_formula}) / {n} ranks"))
-        gathered = max(shape.layer_params, shape.embedding_params) + _prefetch_bucket(config)
-        rows.append(
-            MemoryRow(
-                name="zero3 gathered params",
-                nbytes=gathered * w,
-                formula=f"(max(layer, embedding) + prefetch bucket) {_m(gathered)} × {w} B",
-            )
-        )
-    else:
-        rows.append(MemoryRow(name="weights", nbytes=base, formula=base_formula))
-    if lora:
-        rows.append(MemoryRow(name="lora adapters (fp32)", nbytes=t * 4, formula=f"T {_m(t)} × 4 B"))
-
-    g = 4 if lora else w
-    rows.append(_sharded("gradients", t * g, f"T {_m(t)} × {g} B", n, stage >= 2))
-    mixed = ds.backend == "deepspeed" and ds.bf16 and not lora
-    if mixed:
-        opt, opt_formula = t * 12, f"T {_m(t)} × (4 + 4 + 4) B: fp32 master, m, v"
-    else:
-        s = 4 if lora else w
-        opt, opt_formula = t * 2 * s, f"T {_m(t)} × 2 × {s} B: m, v"
-    rows.append(_sharded("optimizer states", opt, opt_formula, n, stage >= 1))
-
-    if ds.backend == "deepspeed":
-        replica = base + (t * 4 if lora else 0)
-        rows.append(
-            MemoryRow(
-                name="sampling replica",
-                nbytes=replica,
-                formula=f"{base_formula}" + (" + adapters" if lora else "") + ", unpartitioned, per rank",
-            )
-        )
-    if lora is None and config.grpo.kl_coef > 0:
-        rows.append(
-            MemoryRow(name="reference policy", nbytes=p * w, formula=f"P {_m(p)} × {w} B, frozen copy")
-        )
-
+    rows = [*_weight_rows(config, shape, w, t), *_update_rows(config, w, t), *_copy_rows(config, shape, w, t)]
     rows.extend(_activation_rows(config, shape, w, device))
     rows.extend(_sampler_rows(config, shape, w, device_memory))
     if config.sampler.backend == "vllm":
@@ -177,6 +133,70 @@ def estimate_memory(
         device_memory=device_memory,
         notes=tuple(notes),
     )
+
+
+def _zero(config: Config) -> tuple[int, int]:
+    """``(N, z)``: ranks the model is spread over and the ZeRO stage (0 without DeepSpeed)."""
+    ds = config.distributed
+    return (ds.num_gpus, ds.zero_stage) if ds.backend == "deepspeed" else (1, 0)
+
+
+def _weight_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[MemoryRow]:
+    n, stage = _zero(config)
+    base, base_formula = _base_weights(config, shape, w)
+    rows: list[MemoryRow] = []
+    if stage == 3:
+        rows.append(MemoryRow(name="weights", nbytes=base // n, formula=f"({base_formula}) / {n} ranks"))
+        gathered = max(shape.layer_params, shape.embedding_params) + _prefetch_bucket(config)
+        rows.append(
+            MemoryRow(
+                name="zero3 gathered params",
+                nbytes=gathered * w,
+                formula=f"(max(layer, embedding) + prefetch bucket) {_m(gathered)} × {w} B",
+            )
+        )
+    else:
+        rows.append(MemoryRow(name="weights", nbytes=base, formula=base_formula))
+    if config.lora:
+        rows.append(MemoryRow(name="lora adapters (fp32)", nbytes=t * 4, formula=f"T {_m(t)} × 4 B"))
+    return rows
+
+
+def _update_rows(config: Config, w: int, t: int) -> list[MemoryRow]:
+    """Gradients and AdamW state (Rajbhandari et al. 2020, "ZeRO", §3: K = 12 under mixed precision)."""
+    n, stage = _zero(config)
+    lora = config.lora is not None
+    g = 4 if lora else w
+    if config.distributed.backend == "deepspeed" and config.distributed.bf16 and not lora:
+        opt, opt_formula = t * 12, f"T {_m(t)} × (4 + 4 + 4) B: fp32 master, m, v"
+    else:
+        s = 4 if lora else w
+        opt, opt_formula = t * 2 * s, f"T {_m(t)} × 2 × {s} B: m, v"
+    return [
+        _sharded("gradients", t * g, f"T {_m(t)} × {g} B", n, stage >= 2),
+        _sharded("optimizer states", opt, opt_formula, n, stage >= 1),
+    ]
+
+
+def _copy_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[MemoryRow]:
+    """DeepSpeed's per-rank sampling replica and a full fine-tune's frozen reference (never partitioned)."""
+    rows: list[MemoryRow] = []
+    lora = config.lora is not None
+    if config.distributed.backend == "deepspeed":
+        base, base_formula = _base_weights(config, shape, w)
+        rows.append(
+            MemoryRow(
+                name="sampling replica",
+                nbytes=base + (t * 4 if lora else 0),
+                formula=base_formula + (" + adapters" if lora else "") + ", unpartitioned, per rank",
+            )
+        )
+    if not lora and config.grpo.kl_coef > 0:
+        p = shape.num_params
+        rows.append(
+            MemoryRow(name="reference policy", nbytes=p * w, formula=f"P {_m(p)} × {w} B, frozen copy")
+        )
+    return rows
 
 
 def _base_weights(config: Config, shape: ModelShape, w: int) -> tuple[int, str]:
