@@ -13,11 +13,13 @@ each row of a `MemoryPlan` carries the formula with the config's numbers filled 
 - activations of ``optim.micro_batch_tokens`` packed tokens (Korthikanti et al. 2022, §4, with
   memory-efficient attention, SwiGLU and GQA), with or without gradient checkpointing; one logits chunk.
 - the HF sampler's KV cache and prefix-cache budget, or vLLM's share of the device; the CUDA context.
+
+The peak is the resident rows plus the larger of the update phase and the sampling phase (`MemoryRow.phase`).
 """
 
 from __future__ import annotations
 
-from typing import assert_never
+from typing import Literal, assert_never
 
 import attrs
 
@@ -30,11 +32,13 @@ __all__ = [
     "NF4_BYTES_PER_PARAM",
     "MemoryPlan",
     "MemoryRow",
+    "Phase",
     "estimate_memory",
     "layer_activation_bytes",
     "model_activation_bytes",
 ]
 
+Phase = Literal["resident", "update", "sampling"]
 GIB = 1024**3
 CUDA_CONTEXT_BYTES = GIB // 2
 # 4 bits + double-quantised absmax: one int8 per 64-weight block and one fp32 per 256 blocks (Dettmers et al.
@@ -45,11 +49,17 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 @attrs.frozen(kw_only=True)
 class MemoryRow:
-    """One component of the estimate: its bytes per device and the formula that gave them."""
+    """One component of the estimate: its bytes per device, the formula that gave them, when it is live.
+
+    ``resident`` rows stay allocated for the whole run; ``update`` rows only while the learner runs its
+    forward/backward and optimizer step; ``sampling`` rows only while rollouts are generated. A GRPO step
+    collects, then learns, so the two phases never overlap.
+    """
 
     name: str
     nbytes: int
     formula: str
+    phase: Phase = "resident"
 
 
 @attrs.frozen(kw_only=True)
@@ -77,9 +87,14 @@ class MemoryPlan:
         """``component → bytes per device``."""
         return {row.name: row.nbytes for row in self.rows}
 
+    def phase_bytes(self, phase: Phase) -> int:
+        """Bytes of the rows live only in ``phase`` (or resident throughout)."""
+        return sum(row.nbytes for row in self.rows if row.phase == phase)
+
     @property
     def total(self) -> int:
-        return sum(row.nbytes for row in self.rows)
+        """The peak: resident rows plus the larger of the update and the sampling phase."""
+        return self.phase_bytes("resident") + max(self.phase_bytes("update"), self.phase_bytes("sampling"))
 
     @property
     def fits(self) -> bool | None:
@@ -153,6 +168,7 @@ def _weight_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[Memo
                 name="zero3 gathered params",
                 nbytes=gathered * w,
                 formula=f"(max(layer, embedding) + prefetch bucket) {_m(gathered)} × {w} B",
+                phase="update",
             )
         )
     else:
@@ -173,7 +189,16 @@ def _update_rows(config: Config, w: int, t: int) -> list[MemoryRow]:
         s = 4 if lora else w
         opt, opt_formula = t * 2 * s, f"T {_m(t)} × 2 × {s} B: m, v"
     return [
-        _sharded("gradients", t * g, f"T {_m(t)} × {g} B", n, stage >= 2),
+        # A torch AdamW frees its gradients after each step (zero_grad(set_to_none=True)); DeepSpeed keeps its
+        # gradient partitions allocated.
+        _sharded(
+            "gradients",
+            t * g,
+            f"T {_m(t)} × {g} B",
+            n,
+            stage >= 2,
+            phase="resident" if config.distributed.backend == "deepspeed" else "update",
+        ),
         _sharded("optimizer states", opt, opt_formula, n, stage >= 1),
     ]
 
@@ -214,10 +239,12 @@ def _prefetch_bucket(config: Config) -> int:
     return int(deepspeed_config(config)["zero_optimization"]["stage3_prefetch_bucket_size"])
 
 
-def _sharded(name: str, nbytes: int, formula: str, n: int, partitioned: bool) -> MemoryRow:
+def _sharded(
+    name: str, nbytes: int, formula: str, n: int, partitioned: bool, *, phase: Phase = "resident"
+) -> MemoryRow:
     if not partitioned:
-        return MemoryRow(name=name, nbytes=nbytes, formula=formula)
-    return MemoryRow(name=name, nbytes=nbytes // n, formula=f"{formula} / {n} ranks")
+        return MemoryRow(name=name, nbytes=nbytes, formula=formula, phase=phase)
+    return MemoryRow(name=name, nbytes=nbytes // n, formula=f"{formula} / {n} ranks", phase=phase)
 
 
 def layer_activation_bytes(config: Config, shape: ModelShape, w: int, *, device: str) -> int:
@@ -265,11 +292,12 @@ def _activation_rows(config: Config, shape: ModelShape, w: int, device: str) -> 
         formula = f"{tokens} tok × ({big_l} layers × {layer} B + {outside} B)"
     chunk = config.optim.logits_chunk_size
     return [
-        MemoryRow(name="activations", nbytes=act, formula=formula),
+        MemoryRow(name="activations", nbytes=act, formula=formula, phase="update"),
         MemoryRow(
             name="logits chunk",
             nbytes=chunk * shape.vocab_size * 4 * 3,
             formula=f"{chunk} tok × V {shape.vocab_size} × 4 B × 3 (logits, log-softmax, gradient)",
+            phase="update",
         ),
     ]
 
@@ -286,6 +314,7 @@ def _sampler_rows(config: Config, shape: ModelShape, w: int, device_memory: int 
                     nbytes=b * slots * 2 * shape.kv_dim * w,
                     formula=f"{b} seqs × {slots:,} slots ({shape.num_layers} layers × ≤ {s} tok) × 2 (k, v)"
                     f" × kv {shape.kv_dim} × {w} B",
+                    phase="sampling",
                 )
             ]
             if sampler.prefix_cache_mb > 0:

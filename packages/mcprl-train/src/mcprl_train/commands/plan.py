@@ -5,7 +5,7 @@ presets, the shipped table of common models (`mcprl_train.commands.architectures
 ``config.json``, the Hugging Face cache (``try_to_load_from_cache``); otherwise a `PlanError` says how to
 provide the config. The hub is never contacted, so an unreachable hub costs nothing. `plan_memory` applies the
 memory model (`mcprl_train.commands.memory`, written down in the README) for the config's device, and
-`render_plan` prints it per device with the formula of every row.
+`render_plan` prints it per device with the formula of every row and when it is live.
 
 These are estimates for a go/no-go answer before allocation, not a profiler; fragmentation and kernel
 workspaces add a few percent.
@@ -161,17 +161,24 @@ def render_plan(plan: MemoryPlan) -> Table:
     )
     table = Table(title=title, caption=f"architecture: {plan.shape.source}" if plan.shape.source else None)
     table.add_column("component")
+    table.add_column("live", style="dim")
     table.add_column("per device", justify="right")
     table.add_column("formula", style="dim")
     for row in plan.rows:
-        table.add_row(row.name, _gib(row.nbytes), row.formula)
-    table.add_row("[bold]total[/bold]", f"[bold]{_gib(plan.total)}[/bold]", "")
+        table.add_row(row.name, row.phase, _gib(row.nbytes), row.formula)
+    update, sampling = plan.phase_bytes("update"), plan.phase_bytes("sampling")
+    table.add_row(
+        "[bold]peak[/bold]",
+        "",
+        f"[bold]{_gib(plan.total)}[/bold]",
+        f"resident + max(update {_gib(update)}, sampling {_gib(sampling)})",
+    )
     if plan.device_memory is None:
-        table.add_row("device memory", "unknown", "set distributed.device_memory_gb")
+        table.add_row("device memory", "", "unknown", "set distributed.device_memory_gb")
     else:
         verdict = "[green]fits[/green]" if plan.fits else "[red]does not fit[/red]"
-        table.add_row("device memory", _gib(plan.device_memory), "")
-        table.add_row("verdict", verdict, f"{_gib(plan.headroom or 0)} headroom")
+        table.add_row("device memory", "", _gib(plan.device_memory), "")
+        table.add_row("verdict", "", verdict, f"{_gib(plan.headroom or 0)} headroom")
     for note in plan.notes:
-        table.add_row("[dim]note[/dim]", "", note)
+        table.add_row("[dim]note[/dim]", "", "", note)
     return table
