@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -314,6 +315,51 @@ def test_one_layers_saved_activations_equal_the_formula(
     shape = load_model_shape(_save(_small_qwen3(), tmp_path / "m"))
     w = 4 if dtype == "float32" else 2
     assert per_layer[1] - per_layer[0] == layer_activation_bytes(config, shape, w, device="cpu")
+
+
+_DEEPSPEED_STATE = """
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoConfig
+from mcprl_train.config import Config
+from mcprl_train.parallel.deepspeed import deepspeed_config, init_distributed, require_deepspeed
+
+deepspeed = require_deepspeed()
+init_distributed()
+config = Config.load(profile="a100x2", overrides=["distributed.num_gpus=1", f"distributed.zero_stage={sys.argv[2]}"])
+model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1])).to(torch.bfloat16)
+engine, optimizer, _, _ = deepspeed.initialize(
+    model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), config=deepspeed_config(config)
+)
+ids = torch.randint(0, 100, (1, 12))
+engine.backward(engine(input_ids=ids, labels=ids).loss)
+engine.step()
+masters = optimizer.fp32_partitioned_groups_flat if sys.argv[2] == "3" else optimizer.single_partition_of_fp32_groups
+moments = [t for s in optimizer.optimizer.state.values() for t in s.values() if t.dim() > 0]
+print(json.dumps({"optimizer": sum(t.numel() * t.element_size() for t in [*masters, *moments])}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_optimizer_state_equals_the_measured_bytes(tmp_path: Path, stage: int) -> None:
+    """A real ZeRO engine on one CPU rank (gloo): fp32 master weights + AdamW moments = 12 B per parameter."""
+    model_dir = _save(_small_qwen3(), tmp_path / "m")
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29_500 + stage), "RANK": "0"}
+    env |= {"LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _DEEPSPEED_STATE, model_dir, str(stage)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])["optimizer"]
+    config = Config.load(
+        profile="a100x2", overrides=["distributed.num_gpus=1", f"distributed.zero_stage={stage}"]
+    )
+    assert plan_memory(config, load_model_shape(model_dir)).bytes_of()["optimizer states"] == measured
 
 
 def test_a100x2_counts_the_replica_and_an_unpartitioned_reference_per_rank() -> None:
