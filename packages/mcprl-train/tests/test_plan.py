@@ -1,153 +1,551 @@
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
+from typing import Literal
 
 import pytest
+import torch
 from rich.console import Console
-from transformers import Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
+from mcprl_train.commands.architectures import KNOWN_ARCHITECTURES
+from mcprl_train.commands.memory import layer_activation_bytes
 from mcprl_train.commands.plan import ModelShape, load_model_shape, plan_memory, render_plan
 from mcprl_train.config import Config
 from mcprl_train.errors import PlanError
 
 GIB = 1024**3
+PROFILES = ("a100x2", "cpu", "mps", "single-gpu-lora", "vllm-gpu")
+
+# The architectures' published config.json numbers, re-typed here (not read from the shipped table):
+# h, i, L, heads, kv heads, head dim, V, tied.
+QWEN3 = {
+    "Qwen/Qwen3-0.6B": (1024, 3072, 28, 16, 8, 128, 151_936, True),
+    "Qwen/Qwen3-1.7B": (2048, 6144, 28, 16, 8, 128, 151_936, True),
+    "Qwen/Qwen3-4B": (2560, 9728, 36, 32, 8, 128, 151_936, True),
+}
+
+# Model cards' parameter counts in billions as printed (total, non-embedding or None when the card gives none).
+PUBLISHED_PARAMS = {
+    "Qwen/Qwen3-0.6B": ("0.6", "0.44"),
+    "Qwen/Qwen3-1.7B": ("1.7", "1.4"),
+    "Qwen/Qwen3-4B": ("4.0", "3.6"),
+    "Qwen/Qwen3-8B": ("8.2", "6.95"),
+    "Qwen/Qwen2.5-0.5B-Instruct": ("0.49", "0.36"),
+    "Qwen/Qwen2.5-1.5B-Instruct": ("1.54", "1.31"),
+    "Qwen/Qwen2.5-3B-Instruct": ("3.09", "2.77"),
+    "Qwen/Qwen2.5-7B-Instruct": ("7.61", "6.53"),
+    "meta-llama/Llama-3.2-1B-Instruct": ("1.23", None),
+    "meta-llama/Llama-3.2-3B-Instruct": ("3.21", None),
+    "meta-llama/Llama-3.1-8B-Instruct": ("8.03", None),
+}
 
 
-def _qwen3_0_6b_dir(tmp_path: Path) -> Path:
-    """A local config directory with Qwen/Qwen3-0.6B's published shape (no weights)."""
-    path = tmp_path / "qwen3-0.6b"
-    Qwen3Config(  # pyright: ignore[reportUnknownMemberType]  # save_pretrained: transformers leaves **kwargs unannotated
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        tie_word_embeddings=True,
-    ).save_pretrained(path)
-    return path
+UPDATE_ROWS = {"activations", "logits chunk", "zero3 gathered params"}
 
 
-def _small_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "small"
-    Qwen3Config(  # pyright: ignore[reportUnknownMemberType]  # save_pretrained: transformers leaves **kwargs unannotated
-        vocab_size=4096,
-        hidden_size=256,
-        intermediate_size=1024,
-        num_hidden_layers=4,
+def readme_peak(config: Config, rows: dict[str, float]) -> float:
+    """The README's peak: resident + max(update, sampling)."""
+    update = {*UPDATE_ROWS, *(() if config.distributed.backend == "deepspeed" else ("gradients",))}
+    sampling = {"sampler kv cache"}
+    resident = sum(v for k, v in rows.items() if k not in update | sampling)
+    return resident + max(
+        sum(v for k, v in rows.items() if k in update), sum(v for k, v in rows.items() if k in sampling)
+    )
+
+
+def readme_estimate(config: Config, arch: tuple[int, int, int, int, int, int, int, bool]) -> dict[str, float]:
+    """The README's "Memory model" table, transcribed formula by formula for a Qwen3 architecture."""
+    h, i, big_l, heads, kv_heads, d, v, tied = arch
+    q, k = heads * d, kv_heads * d
+    w = 4 if config.model.dtype == "float32" else 2
+    ds = config.distributed
+    n = ds.num_gpus if ds.backend == "deepspeed" else 1
+    z = ds.zero_stage if ds.backend == "deepspeed" else 0
+    p_lin = h * q + 2 * h * k + q * h + 3 * h * i
+    p_layer = p_lin + 2 * h + 2 * d
+    p = v * h * (1 if tied else 2) + big_l * p_layer + h
+    lora = config.lora
+    ins = {"q": h, "k": h, "v": h, "o": q, "gate": h, "up": h, "down": i}
+    outs = {"q": q, "k": k, "v": k, "o": h, "gate": i, "up": i, "down": h}
+    t = big_l * lora.r * sum(ins[m] + outs[m] for m in ins) if lora is not None else p
+    rows: dict[str, float] = {}
+    if config.quantization is not None:
+        weights = big_l * p_lin * (0.5 + 1 / 64 + 4 / (64 * 256)) + (p - big_l * p_lin) * w
+    else:
+        weights = p * w
+    rows["weights"] = weights / n if z == 3 else weights
+    if z == 3:
+        rows["zero3 gathered params"] = (max(p_layer, v * h) + 5e7) * w
+    if lora is not None:
+        rows["lora adapters (fp32)"] = 4 * t
+    rows["gradients"] = (4 * t if lora else t * w) / (n if z >= 2 else 1)
+    if lora is not None:
+        opt = 8 * t
+    elif ds.backend == "deepspeed" and ds.bf16:
+        opt = 12 * t
+    else:
+        opt = 2 * w * t
+    rows["optimizer states"] = opt / (n if z >= 1 else 1)
+    if ds.backend == "deepspeed":
+        rows["sampling replica"] = weights + (4 * t if lora else 0)
+    if lora is None and config.grpo.kl_coef > 0:
+        rows["reference policy"] = p * w
+    s = config.optim.micro_batch_tokens
+    a = 2 * (4 * h + 4) + w * (2 * q + 2 * k) + 4 * heads + 3 * w * i + 4 * (q + k) + 4 * (heads + kv_heads)
+    if lora is None:
+        a += 4 * w * h + w * i + w * (q + k)
+    else:
+        mask = 0 if lora.dropout == 0 else 1 if config.model.device == "cuda" else 4
+        a += sum(ins.values()) * (4 + mask) + 7 * 4 * lora.r
+    a0 = 8 + 2 * d * w + 4 * h + 4 + 2 * w * h
+    if config.model.gradient_checkpointing:
+        rows["activations"] = s * (big_l * h * w + a + a0)
+    else:
+        rows["activations"] = s * (big_l * a + a0)
+    rows["logits chunk"] = config.optim.logits_chunk_size * v * 4 * 3
+    if config.sampler.backend == "hf":
+        rows["sampler kv cache"] = (
+            config.sampler.max_batch_size * 2 * k * w * big_l * config.env.max_total_tokens
+        )
+        rows["sampler prefix cache"] = config.sampler.prefix_cache_mb * 2**20
+    else:
+        rows["vLLM share (reserved)"] = config.sampler.gpu_memory_utilization * 24 * GIB
+    if config.model.device == "cuda":
+        rows["cuda context"] = 0.5 * GIB
+    return rows
+
+
+@pytest.mark.parametrize("model", sorted(QWEN3))
+@pytest.mark.parametrize("profile", PROFILES)
+def test_plan_answers_offline_within_10_percent_of_the_readme_formulas(profile: str, model: str) -> None:
+    config = Config.load(profile=profile, overrides=[f"model.name={model}"])
+    plan = plan_memory(config, load_model_shape(model), device_memory=24 * GIB)
+    expected = readme_estimate(config, QWEN3[model])
+    got = plan.bytes_of()
+    assert set(got) == set(expected)
+    for name, nbytes in expected.items():
+        assert got[name] == pytest.approx(nbytes, rel=0.10), name
+    assert plan.total == pytest.approx(readme_peak(config, expected), rel=0.10)
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_ARCHITECTURES))
+def test_every_table_row_has_the_parameter_count_of_the_real_model(name: str) -> None:
+    """Each row, as a transformers config, instantiated on the meta device (no memory, no weights)."""
+    shape = KNOWN_ARCHITECTURES[name]
+    family = {"Qwen/Qwen3-": Qwen3Config, "Qwen/Qwen2.5-": Qwen2Config, "meta-llama/": LlamaConfig}
+    assert shape.max_position_embeddings is not None
+    config_class = next(cls for prefix, cls in family.items() if name.startswith(prefix))
+    cfg = config_class(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        tie_word_embeddings=shape.tie_embeddings,
+        max_position_embeddings=shape.max_position_embeddings,
+    )
+    if config_class is not Qwen2Config:  # Qwen2 derives head_dim from hidden_size / heads
+        cfg.head_dim = shape.head_dim
+    assert ModelShape.from_hf_config(cfg).num_params == shape.num_params
+    real = sum(p.numel() for p in _build(cfg, meta=True).parameters())
+    assert shape.num_params == real
+
+
+def _agrees_with_printed(value: float, printed: str) -> bool:
+    """Within one unit of the printed number's last digit (cards both round and truncate)."""
+    decimals = len(printed.partition(".")[2])
+    return abs(value - float(printed)) < 10**-decimals
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_every_table_row_reproduces_its_model_cards_parameter_count(name: str) -> None:
+    shape = KNOWN_ARCHITECTURES[name]
+    total, non_embedding = PUBLISHED_PARAMS[name]
+    assert _agrees_with_printed(shape.num_params / 1e9, total)
+    if non_embedding is not None:
+        embeddings = shape.embedding_params * (1 if shape.tie_embeddings else 2)
+        assert _agrees_with_printed((shape.num_params - embeddings) / 1e9, non_embedding)
+    assert shape.source == f"https://huggingface.co/{name}/blob/main/config.json"
+
+
+def _adamw_step(model: torch.nn.Module) -> torch.optim.AdamW:
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-3)
+    ids = torch.randint(0, 100, (1, 12))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()  # pyright: ignore[reportUnknownMemberType]  # torch's step decorator erases its signature
+    return optimizer
+
+
+def _state_bytes(optimizer: torch.optim.AdamW) -> int:
+    """Bytes of AdamW's per-parameter moments (the 0-d ``step`` counters excluded)."""
+    return sum(
+        t.numel() * t.element_size()
+        for state in optimizer.state.values()
+        for t in state.values()
+        if isinstance(t, torch.Tensor) and t.dim() > 0
+    )
+
+
+def _build(cfg: PretrainedConfig, *, meta: bool = False) -> torch.nn.Module:
+    """The real transformers model of ``cfg``: on the meta device (shapes only) or on CPU."""
+    with torch.device("meta" if meta else "cpu"):
+        # transformers leaves from_config's **kwargs (and so its return type) unannotated.
+        return AutoModelForCausalLM.from_config(cfg)  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+
+
+def _save(cfg: PretrainedConfig, path: Path) -> str:
+    cfg.save_pretrained(path)  # pyright: ignore[reportUnknownMemberType]  # transformers leaves **kwargs unannotated
+    return str(path)
+
+
+def _small_qwen3(*, tied: bool = False, sliding_window: int | None = None, layers: int = 2) -> Qwen3Config:
+    return Qwen3Config(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=64,
-        tie_word_embeddings=False,
-    ).save_pretrained(path)
-    return path
+        head_dim=16,
+        tie_word_embeddings=tied,
+        use_sliding_window=sliding_window is not None,
+        sliding_window=sliding_window,
+        max_window_layers=1,  # layers from this index on use the sliding window
+    )
 
 
-def test_parameter_count_matches_qwen3_0_6b(tmp_path: Path) -> None:
-    shape = load_model_shape(str(_qwen3_0_6b_dir(tmp_path)))
-    # per layer: q 1024·2048 + k,v 2·1024·1024 + o 2048·1024 + mlp 3·1024·3072 + norms 2·1024 + q/k norms 2·128
-    layer = 2_097_152 + 2_097_152 + 2_097_152 + 9_437_184 + 2048 + 256
-    assert shape.layer_params == layer == 15_730_944
-    # embedding 151936·1024 (tied head) + 28 layers + final norm: the published 0.6 B / 0.44 B non-embedding
-    assert shape.num_params == 155_582_464 + 28 * 15_730_944 + 1024 == 596_049_920
+def test_full_fine_tune_weights_grads_and_adamw_state_equal_the_measured_bytes(tmp_path: Path) -> None:
+    cfg = _small_qwen3()
+    shape = load_model_shape(_save(cfg, tmp_path / "m"))
+    model = _build(cfg)
+    optimizer = _adamw_step(model)
+    params = list(model.parameters())
+    rows = plan_memory(Config.load(profile="cpu"), shape).bytes_of()
+    assert rows["weights"] == sum(p.numel() * p.element_size() for p in params)
+    assert rows["gradients"] == sum(
+        p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None
+    )
+    assert rows["optimizer states"] == _state_bytes(optimizer)
 
 
-def test_a100x2_zero3_plan_matches_hand_computation(tmp_path: Path) -> None:
-    shape = load_model_shape(str(_qwen3_0_6b_dir(tmp_path)))
-    plan = plan_memory(Config.load(profile="a100x2"), shape)
+def test_lora_on_a_bf16_base_equals_the_measured_bytes(tmp_path: Path) -> None:
+    from mcprl_policy.config import LoraSettings
+    from mcprl_policy.lora import apply_lora
+
+    cfg = _small_qwen3(tied=True)
+    shape = load_model_shape(_save(cfg, tmp_path / "m"))
+    model = apply_lora(_build(cfg).to(torch.bfloat16), LoraSettings(r=4, alpha=8))
+    optimizer = _adamw_step(model)
+    config = Config.load(
+        profile="cpu", overrides=["model.dtype=bfloat16", "lora.r=4", "lora.alpha=8", "grpo.kl_coef=0.1"]
+    )
+    rows = plan_memory(config, shape).bytes_of()
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    adapters = [p for p in model.parameters() if p.requires_grad]
+    assert {p.dtype for p in adapters} == {torch.float32}
+    assert rows["weights"] == sum(p.numel() * p.element_size() for p in frozen)
+    assert rows["lora adapters (fp32)"] == sum(p.numel() * p.element_size() for p in adapters)
+    assert rows["gradients"] == sum(
+        p.grad.numel() * p.grad.element_size() for p in adapters if p.grad is not None
+    )
+    assert rows["optimizer states"] == _state_bytes(optimizer)
+    assert "reference policy" not in rows  # the adapters-off view is the reference
+
+
+def _saved_bytes_per_token(model: torch.nn.Module, seq: int) -> float:
+    """Bytes autograd keeps for backward (parameters excluded, shared storages once) over ``seq`` tokens."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    ids = torch.randint(0, 100, (1, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(input_ids=ids).logits
+    assert out.requires_grad
+    return sum(saved.values()) / seq
+
+
+def _with_lora(model: torch.nn.Module, dropout: float | None) -> torch.nn.Module:
+    from mcprl_policy.config import LoraSettings
+    from mcprl_policy.lora import apply_lora
+
+    return model if dropout is None else apply_lora(model, LoraSettings(r=8, alpha=16, dropout=dropout))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "lora_dropout"),
+    [("float32", None), ("bfloat16", None), ("bfloat16", 0.0), ("bfloat16", 0.05)],
+)
+def test_one_layers_saved_activations_equal_the_formula(
+    tmp_path: Path, dtype: Literal["float32", "bfloat16"], lora_dropout: float | None
+) -> None:
+    """A real Qwen3 forward on CPU (SDPA): what one more layer adds to autograd's saved tensors, per token."""
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    overrides = [f"model.dtype={dtype}"]
+    if lora_dropout is not None:
+        overrides += ["lora.r=8", "lora.alpha=16", f"lora.dropout={lora_dropout}"]
+    config = Config.load(profile="cpu", overrides=overrides)
+    per_layer: list[float] = []
+    for layers in (1, 2):
+        model = _with_lora(_build(_small_qwen3(layers=layers)).to(torch_dtype), lora_dropout)
+        model.train()
+        by_length = [_saved_bytes_per_token(model, seq) for seq in (64, 128)]
+        assert by_length[0] == by_length[1]  # linear in the sequence: no s² attention scores kept
+        per_layer.append(by_length[0])
+    shape = load_model_shape(_save(_small_qwen3(), tmp_path / "m"))
+    w = 4 if dtype == "float32" else 2
+    assert per_layer[1] - per_layer[0] == layer_activation_bytes(config, shape, w, device="cpu")
+
+
+_DEEPSPEED_STATE = """
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoConfig
+from mcprl_train.config import Config
+from mcprl_train.parallel.deepspeed import deepspeed_config, init_distributed, require_deepspeed
+
+deepspeed = require_deepspeed()
+init_distributed()
+config = Config.load(profile="a100x2", overrides=["distributed.num_gpus=1", f"distributed.zero_stage={sys.argv[2]}"])
+model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1])).to(torch.bfloat16)
+engine, optimizer, _, _ = deepspeed.initialize(
+    model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), config=deepspeed_config(config)
+)
+ids = torch.randint(0, 100, (1, 12))
+engine.backward(engine(input_ids=ids, labels=ids).loss)
+engine.step()
+masters = optimizer.fp32_partitioned_groups_flat if sys.argv[2] == "3" else optimizer.single_partition_of_fp32_groups
+moments = [t for s in optimizer.optimizer.state.values() for t in s.values() if t.dim() > 0]
+print(json.dumps({"optimizer": sum(t.numel() * t.element_size() for t in [*masters, *moments])}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_optimizer_state_equals_the_measured_bytes(tmp_path: Path, stage: int) -> None:
+    """A real ZeRO engine on one CPU rank (gloo): fp32 master weights + AdamW moments = 12 B per parameter."""
+    model_dir = _save(_small_qwen3(), tmp_path / "m")
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29_500 + stage), "RANK": "0"}
+    env |= {"LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _DEEPSPEED_STATE, model_dir, str(stage)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])["optimizer"]
+    config = Config.load(
+        profile="a100x2", overrides=["distributed.num_gpus=1", f"distributed.zero_stage={stage}"]
+    )
+    assert plan_memory(config, load_model_shape(model_dir)).bytes_of()["optimizer states"] == measured
+
+
+def test_a100x2_counts_the_replica_and_an_unpartitioned_reference_per_rank() -> None:
+    shape = load_model_shape("Qwen/Qwen3-0.6B")
+    config = Config.load(profile="a100x2")
+    rows = plan_memory(config, shape).bytes_of()
     p = 596_049_920
-    assert plan.num_devices == 2
-    assert plan.trainable_params == p
-    assert plan.rows == {
-        "weights": p * 2 // 2,  # bf16, partitioned over 2 ranks
-        "zero3 gathered params": 155_582_464 * 2,  # the (tied) embedding is the largest gathered module
-        "gradients": p * 2 // 2,
-        "optimizer states": (p * 8 + p * 4) // 2,  # fp32 m, v + fp32 master weights, partitioned
-        "reference policy": p * 2 // 2,
-        # checkpointed: 8192 tokens · (28 layer inputs · 1024 · 2 B + one layer: 2 B · (3·1024 + 2048 + 2·1024 + 2048 + 3·3072))
-        "activations": 8192 * (28 * 1024 * 2 + 2 * 18_432),
-        "logits chunk": 1024 * 151_936 * 4 * 3,
-        "sampler kv cache": 64 * 4096 * 2 * 28 * 1024 * 2,
-        "sampler prefix cache": GIB,  # sampler.prefix_cache_mb's default, 1024 MiB
-        "cuda context": GIB // 2,
-    }
-    assert (
-        plan.total
-        == 3_576_299_520
-        + 3 * 596_049_920
-        + 311_164_928
-        + 771_751_936
-        + 1_866_989_568
-        + 30_064_771_072
-        + GIB
-        + GIB // 2
-    )
-    assert plan.device_memory == 80 * GIB
-    assert plan.fits
+    assert shape.num_params == p
+    assert rows["weights"] == p * 2 // 2
+    assert rows["sampling replica"] == p * 2
+    assert rows["reference policy"] == p * 2
+    assert rows["zero3 gathered params"] == (151_936 * 1024 + 50_000_000) * 2
+    assert rows["optimizer states"] == p * 12 // 2
+    no_kl = plan_memory(config.replace(["grpo.kl_coef=0"]), shape).bytes_of()
+    assert "reference policy" not in no_kl
+    assert no_kl["sampling replica"] == p * 2
 
 
-def test_qlora_plan_of_a_small_model_matches_hand_computation(tmp_path: Path) -> None:
-    shape = load_model_shape(str(_small_dir(tmp_path)))
-    config = Config.load(profile="single-gpu-lora", overrides=["model.gradient_checkpointing=false"])
-    plan = plan_memory(config, shape)
-    # per layer linear: q 256·256 + k,v 2·256·128 + o 256·256 + mlp 3·256·1024 = 983_040; 4 layers
-    linear = 4 * 983_040
-    total = 4096 * 256 * 2 + 4 * (983_040 + 512 + 128) + 256  # embedding + untied head + layers + final norm
-    assert shape.num_params == total == 6_032_128
-    # LoRA r=16 on all 7 projections: 16 · Σ(in + out) = 16 · (512 + 384 + 384 + 512 + 1280 + 1280 + 1280)
-    lora = 4 * 16 * 5632
-    assert plan.trainable_params == lora == 360_448
-    assert plan.rows["weights"] == round(linear * (0.5 + 4 / 64)) + (total - linear) * 2
-    assert plan.rows["lora adapters (fp32)"] == lora * 4
-    assert plan.rows["gradients"] == lora * 4
-    assert plan.rows["optimizer states"] == lora * 8
-    assert "reference policy" not in plan.rows  # adapters disabled, no copy
-    # no checkpointing: 8192 tokens · 4 layers · 2 B · (3·256 + 256 + 2·128 + 256 + 3·1024)
-    assert plan.rows["activations"] == 8192 * 4 * 2 * 4608
-    assert plan.rows["sampler kv cache"] == 16 * 4096 * 2 * 4 * 128 * 2
-    off = plan_memory(
-        Config.load(
-            profile="single-gpu-lora",
-            overrides=["model.gradient_checkpointing=false", "sampler.prefix_cache_mb=0"],
-        ),
-        shape,
-    )
-    assert "sampler prefix cache" not in off.rows
-    assert plan.total - off.total == GIB
-
-
-def test_gradient_checkpointing_and_zero_stages_shrink_the_estimate(tmp_path: Path) -> None:
-    shape = load_model_shape(str(_qwen3_0_6b_dir(tmp_path)))
+def test_gradient_checkpointing_and_zero_stages_shrink_the_estimate() -> None:
+    shape = load_model_shape("Qwen/Qwen3-0.6B")
     base = Config.load(profile="a100x2")
-    with_ckpt = plan_memory(base, shape).rows["activations"]
-    without = plan_memory(base.replace(["model.gradient_checkpointing=false"]), shape).rows["activations"]
-    assert with_ckpt < without
+    with_ckpt = plan_memory(base, shape).bytes_of()["activations"]
+    without = plan_memory(base.replace(["model.gradient_checkpointing=false"]), shape).bytes_of()[
+        "activations"
+    ]
+    assert with_ckpt < without / 10
     by_stage = {
-        stage: plan_memory(base.replace([f"distributed.zero_stage={stage}"]), shape).rows
+        stage: plan_memory(base.replace([f"distributed.zero_stage={stage}"]), shape).bytes_of()
         for stage in (0, 1, 2, 3)
     }
     assert by_stage[1]["optimizer states"] == by_stage[0]["optimizer states"] // 2
     assert by_stage[2]["gradients"] == by_stage[1]["gradients"] // 2
     assert by_stage[3]["weights"] == by_stage[2]["weights"] // 2
+    assert all(rows["sampling replica"] == by_stage[3]["sampling replica"] for rows in by_stage.values())
 
 
-def test_vllm_share_is_reserved_from_the_device(tmp_path: Path) -> None:
-    shape = load_model_shape(str(_small_dir(tmp_path)))
-    plan = plan_memory(Config.load(profile="vllm-gpu"), shape)
-    assert plan.reserved == int(24 * GIB * 0.35)
-    assert "sampler kv cache" not in plan.rows
-    assert plan.total == sum(plan.rows.values()) + plan.reserved
+def test_sliding_window_layers_bound_the_kv_cache(tmp_path: Path) -> None:
+    cfg = _small_qwen3(sliding_window=256)
+    shape = load_model_shape(_save(cfg, tmp_path / "m"))
+    assert shape.layer_types == ("full_attention", "sliding_attention")
+    assert shape.kv_tokens(4096) == 4096 + 256
+    rows = plan_memory(Config.load(profile="single-gpu-lora"), shape).bytes_of()
+    assert rows["sampler kv cache"] == 16 * (4096 + 256) * 2 * 32 * 2
 
 
-def test_a_plan_that_exceeds_the_device_says_it_does_not_fit(tmp_path: Path) -> None:
-    shape = load_model_shape(str(_qwen3_0_6b_dir(tmp_path)))
+def test_the_peak_is_the_resident_rows_plus_the_larger_phase() -> None:
+    shape = load_model_shape("Qwen/Qwen3-0.6B")
+    plan = plan_memory(Config.load(profile="cpu", overrides=["model.name=Qwen/Qwen3-0.6B"]), shape)
+    rows = plan.bytes_of()
+    update = (
+        rows["gradients"] + rows["activations"] + rows["logits chunk"]
+    )  # a torch AdamW frees its gradients
+    sampling = rows["sampler kv cache"]
+    resident = rows["weights"] + rows["optimizer states"] + rows["sampler prefix cache"]
+    assert plan.total == resident + max(update, sampling)
+    assert plan.total < sum(rows.values())
+    ds = plan_memory(Config.load(profile="a100x2"), shape)
+    assert {r.name for r in ds.rows if r.phase == "resident"} >= {"gradients", "sampling replica"}
+
+
+def test_vllm_share_is_a_row_of_the_device_memory() -> None:
+    plan = plan_memory(Config.load(profile="vllm-gpu"), load_model_shape("Qwen/Qwen3-0.6B"))
+    rows = plan.bytes_of()
+    assert rows["vLLM share (reserved)"] == int(24 * GIB * 0.35)
+    assert "sampler kv cache" not in rows
+    assert plan.total == sum(rows.values())  # no sampling-only row: everything but the update is resident
+
+
+def test_a_plan_that_exceeds_the_device_says_it_does_not_fit() -> None:
     config = Config.load(profile="a100x2", overrides=["distributed.device_memory_gb=16"])
-    plan = plan_memory(config, shape)
+    plan = plan_memory(config, load_model_shape("Qwen/Qwen3-0.6B"))
     assert plan.fits is False
-    console = Console(record=True, width=120)
+    console = Console(record=True, width=160)
     console.print(render_plan(plan))
-    assert "does not fit" in console.export_text()
+    text = console.export_text()
+    assert "does not fit" in text
+    assert "P 596.0M × 2 B, unpartitioned, per rank" in text
+    assert "https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json" in text
+
+
+def test_a_local_directory_is_read_when_the_table_lacks_the_model(tmp_path: Path) -> None:
+    cfg = Qwen2Config(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    shape = load_model_shape(_save(cfg, tmp_path / "qwen2"))
+    assert shape.attention_bias
+    assert shape.source == str(tmp_path / "qwen2" / "config.json")
+    assert shape.num_params == sum(p.numel() for p in _build(cfg, meta=True).parameters())
+
+
+def _cache_config(hub: Path, repo: str, cfg: PretrainedConfig) -> None:
+    """A Hugging Face cache layout holding only ``repo``'s config.json, as `hf download repo config.json`."""
+    root = hub / f"models--{repo.replace('/', '--')}"
+    _save(cfg, root / "snapshots" / ("0" * 40))
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text("0" * 40)
+
+
+def test_a_cached_config_is_read_and_the_table_wins_over_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    _cache_config(tmp_path / "hub", "someone/small-qwen3", _small_qwen3())
+    _cache_config(tmp_path / "hub", "Qwen/Qwen3-0.6B", _small_qwen3())
+    shape = load_model_shape("someone/small-qwen3")
+    assert (shape.hidden_size, shape.num_layers) == (64, 2)
+    assert "models--someone--small-qwen3" in shape.source
+    assert load_model_shape("Qwen/Qwen3-0.6B") == KNOWN_ARCHITECTURES["Qwen/Qwen3-0.6B"]
+
+
+def _plan_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real command with an empty cache, hub access left on and every request sent to a dead proxy."""
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "COLUMNS": "160",
+    }
+    env.pop("HF_HUB_OFFLINE", None)
+    return subprocess.run(
+        [sys.executable, "-m", "mcprl_train", "plan", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_the_plan_command_answers_for_a_profile_model_without_the_hub(tmp_path: Path) -> None:
+    proc = _plan_cli(tmp_path, "--profile", "a100x2")
+    assert proc.returncode == 0, proc.stderr
+    assert "Qwen/Qwen3-0.6B: 596.0 M params" in proc.stdout
+    assert "sampling replica" in proc.stdout
+    assert "fits" in proc.stdout
+
+
+def test_an_unknown_uncached_model_fails_saying_how_to_provide_it(tmp_path: Path) -> None:
+    proc = _plan_cli(tmp_path, "--profile", "a100x2", "--model", "someone/not-cached")
+    assert proc.returncode == 2
+    assert "hf download someone/not-cached config.json" in proc.stderr
+
+
+def test_resolving_a_model_never_opens_a_connection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants
+
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"plan opened a connection: {args}")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    assert load_model_shape("Qwen/Qwen3-4B").num_layers == 36
+    with pytest.raises(PlanError, match="plan never downloads"):
+        load_model_shape("someone/not-cached")
+
+
+def test_hybrid_and_mixture_of_experts_configs_are_refused_with_the_reason(tmp_path: Path) -> None:
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+
+    hybrid = Qwen3_5TextConfig(num_hidden_layers=4, hidden_size=64, intermediate_size=96, vocab_size=100)
+    with pytest.raises(PlanError, match="linear_attention"):
+        load_model_shape(_save(hybrid, tmp_path / "hybrid"))
+    moe = Qwen3MoeConfig(num_hidden_layers=2, hidden_size=64, vocab_size=100, num_experts=4)
+    with pytest.raises(PlanError, match="mixture-of-experts"):
+        load_model_shape(_save(moe, tmp_path / "moe"))
+
+
+def test_unreadable_model_configs_are_plan_errors(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PlanError, match=r"has no config\.json"):
+        load_model_shape(str(tmp_path / "empty"))
+    (tmp_path / "file").write_text("{}")
+    with pytest.raises(PlanError, match="not a directory"):
+        load_model_shape(str(tmp_path / "file"))
+    with pytest.raises(PlanError, match="not in plan's table"):
+        load_model_shape(str(tmp_path / "missing"))
 
 
 def test_tiny_model_shape_comes_from_the_embedded_preset() -> None:
@@ -156,20 +554,6 @@ def test_tiny_model_shape_comes_from_the_embedded_preset() -> None:
     assert plan_memory(Config.load(), shape).device == "cpu"
 
 
-def test_unreadable_model_config_is_a_plan_error(tmp_path: Path) -> None:
-    with pytest.raises(PlanError, match="cannot read the model config"):
-        load_model_shape(str(tmp_path / "missing"))
-
-
 def test_unknown_lora_target_is_a_plan_error() -> None:
-    shape = ModelShape(
-        vocab_size=10,
-        hidden_size=8,
-        intermediate_size=16,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=4,
-    )
     with pytest.raises(PlanError, match="not linear layers"):
-        shape.lora_params(4, ("c_attn",))
+        KNOWN_ARCHITECTURES["Qwen/Qwen3-0.6B"].lora_params(4, ("c_attn",))

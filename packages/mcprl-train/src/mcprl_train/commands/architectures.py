@@ -1,0 +1,165 @@
+"""Architecture numbers of common models, so `mcprl-train plan` answers without the hub.
+
+Each row transcribes the model's published ``config.json`` (the URL is the row's ``source``): hidden size,
+layers, attention and KV heads, head dimension, MLP width, vocabulary, tied embeddings, maximum position and
+the layer types (all full attention for these models). Qwen3.5 is left out: its hybrid layers (Gated DeltaNet
+linear attention next to gated full attention) are not described by `ModelShape`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+from mcprl_train.commands.shape import ModelShape
+
+__all__ = ["KNOWN_ARCHITECTURES"]
+
+
+def _source(name: str) -> str:
+    return f"https://huggingface.co/{name}/blob/main/config.json"
+
+
+def _qwen3(
+    name: str, *, hidden: int, layers: int, heads: int, intermediate: int, tied: bool
+) -> tuple[str, ModelShape]:
+    return name, ModelShape(
+        vocab_size=151_936,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=8,
+        head_dim=128,
+        tie_embeddings=tied,
+        attention_bias=False,
+        qk_norm=True,
+        max_position_embeddings=40_960,
+        source=_source(name),
+    )
+
+
+def _qwen2_5(
+    name: str,
+    *,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    vocab: int,
+    tied: bool,
+) -> tuple[str, ModelShape]:
+    return name, ModelShape(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=hidden // heads,
+        tie_embeddings=tied,
+        attention_bias=True,
+        qk_norm=False,
+        max_position_embeddings=32_768,
+        source=_source(name),
+    )
+
+
+def _llama3(
+    name: str, *, hidden: int, layers: int, heads: int, head_dim: int, intermediate: int, tied: bool
+) -> tuple[str, ModelShape]:
+    return name, ModelShape(
+        vocab_size=128_256,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=8,
+        head_dim=head_dim,
+        tie_embeddings=tied,
+        attention_bias=False,
+        qk_norm=False,
+        max_position_embeddings=131_072,
+        source=_source(name),
+    )
+
+
+KNOWN_ARCHITECTURES: Final[Mapping[str, ModelShape]] = MappingProxyType(
+    dict(
+        [
+            _qwen3("Qwen/Qwen3-0.6B", hidden=1024, layers=28, heads=16, intermediate=3072, tied=True),
+            _qwen3("Qwen/Qwen3-1.7B", hidden=2048, layers=28, heads=16, intermediate=6144, tied=True),
+            _qwen3("Qwen/Qwen3-4B", hidden=2560, layers=36, heads=32, intermediate=9728, tied=True),
+            _qwen3("Qwen/Qwen3-8B", hidden=4096, layers=36, heads=32, intermediate=12288, tied=False),
+            _qwen2_5(
+                "Qwen/Qwen2.5-0.5B-Instruct",
+                hidden=896,
+                layers=24,
+                heads=14,
+                kv_heads=2,
+                intermediate=4864,
+                vocab=151_936,
+                tied=True,
+            ),
+            _qwen2_5(
+                "Qwen/Qwen2.5-1.5B-Instruct",
+                hidden=1536,
+                layers=28,
+                heads=12,
+                kv_heads=2,
+                intermediate=8960,
+                vocab=151_936,
+                tied=True,
+            ),
+            _qwen2_5(
+                "Qwen/Qwen2.5-3B-Instruct",
+                hidden=2048,
+                layers=36,
+                heads=16,
+                kv_heads=2,
+                intermediate=11008,
+                vocab=151_936,
+                tied=True,
+            ),
+            _qwen2_5(
+                "Qwen/Qwen2.5-7B-Instruct",
+                hidden=3584,
+                layers=28,
+                heads=28,
+                kv_heads=4,
+                intermediate=18944,
+                vocab=152_064,
+                tied=False,
+            ),
+            _llama3(
+                "meta-llama/Llama-3.2-1B-Instruct",
+                hidden=2048,
+                layers=16,
+                heads=32,
+                head_dim=64,
+                intermediate=8192,
+                tied=True,
+            ),
+            _llama3(
+                "meta-llama/Llama-3.2-3B-Instruct",
+                hidden=3072,
+                layers=28,
+                heads=24,
+                head_dim=128,
+                intermediate=8192,
+                tied=True,
+            ),
+            _llama3(
+                "meta-llama/Llama-3.1-8B-Instruct",
+                hidden=4096,
+                layers=32,
+                heads=32,
+                head_dim=128,
+                intermediate=14336,
+                tied=False,
+            ),
+        ]
+    )
+)

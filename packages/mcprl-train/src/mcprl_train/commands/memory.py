@@ -1,0 +1,340 @@
+"""The memory model of `mcprl-train plan`: peak bytes per device of training a config's model.
+
+The formulas, their symbols and their sources are written down in the mcprl-train README ("Memory model");
+each row of a `MemoryPlan` carries the formula with the config's numbers filled in. In short, per device of
+``N`` (``distributed.num_gpus`` under DeepSpeed, else 1) with ZeRO stage ``z`` (0 without DeepSpeed):
+
+- weights: ``P·w`` (QLoRA: the decoder's linear layers in double-quantised NF4), ``/N`` with a gathered
+  layer and the prefetch bucket live under ZeRO-3; LoRA adapters in fp32.
+- gradients ``T·g`` (``/N`` from ZeRO-2), AdamW ``2·T`` moments plus fp32 master weights under DeepSpeed
+  mixed precision (``/N`` from ZeRO-1): Rajbhandari et al. 2020, "ZeRO", §3 (K = 12).
+- DeepSpeed's full sampling replica per rank; the frozen reference copy of a full fine-tune with KL (a copy
+  of the replica under DeepSpeed, so never partitioned).
+- activations of ``optim.micro_batch_tokens`` packed tokens (Korthikanti et al. 2022, §4, with
+  memory-efficient attention, SwiGLU and GQA), with or without gradient checkpointing; one logits chunk.
+- the HF sampler's KV cache and prefix-cache budget, or vLLM's share of the device; the CUDA context.
+
+The peak is the resident rows plus the larger of the update phase and the sampling phase (`MemoryRow.phase`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, assert_never
+
+import attrs
+
+from mcprl_train.commands.shape import ModelShape
+from mcprl_train.config import Config
+
+__all__ = [
+    "CUDA_CONTEXT_BYTES",
+    "GIB",
+    "NF4_BYTES_PER_PARAM",
+    "MemoryPlan",
+    "MemoryRow",
+    "Phase",
+    "estimate_memory",
+    "layer_activation_bytes",
+    "model_activation_bytes",
+]
+
+Phase = Literal["resident", "update", "sampling"]
+GIB = 1024**3
+CUDA_CONTEXT_BYTES = GIB // 2
+# 4 bits + double-quantised absmax: one int8 per 64-weight block and one fp32 per 256 blocks (Dettmers et al.
+# 2023, "QLoRA", §3 "Double Quantization": 8/64 + 32/(64·256) bits per parameter).
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@attrs.frozen(kw_only=True)
+class MemoryRow:
+    """One component of the estimate: its bytes per device, the formula that gave them, when it is live.
+
+    ``resident`` rows stay allocated for the whole run; ``update`` rows only while the learner runs its
+    forward/backward and optimizer step; ``sampling`` rows only while rollouts are generated. A GRPO step
+    collects, then learns, so the two phases never overlap.
+    """
+
+    name: str
+    nbytes: int
+    formula: str
+    phase: Phase = "resident"
+
+
+@attrs.frozen(kw_only=True)
+class MemoryPlan:
+    """Per-device memory estimate of a config (bytes) and the verdict.
+
+    Attributes:
+        rows: The components in display order (the vLLM share is one when the sampler is vLLM).
+        device: Device kind the estimate is for.
+        num_devices: Devices the model is spread over.
+        device_memory: Bytes available per device (None: unknown).
+        notes: Assumptions worth showing next to the table.
+    """
+
+    model: str
+    shape: ModelShape
+    trainable_params: int
+    rows: tuple[MemoryRow, ...]
+    device: str
+    num_devices: int
+    device_memory: int | None
+    notes: tuple[str, ...] = ()
+
+    def bytes_of(self) -> dict[str, int]:
+        """``component → bytes per device``."""
+        return {row.name: row.nbytes for row in self.rows}
+
+    def phase_bytes(self, phase: Phase) -> int:
+        """Bytes of the rows live only in ``phase`` (or resident throughout)."""
+        return sum(row.nbytes for row in self.rows if row.phase == phase)
+
+    @property
+    def total(self) -> int:
+        """The peak: resident rows plus the larger of the update and the sampling phase."""
+        return self.phase_bytes("resident") + max(self.phase_bytes("update"), self.phase_bytes("sampling"))
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.device_memory is None else self.total <= self.device_memory
+
+    @property
+    def headroom(self) -> int | None:
+        return None if self.device_memory is None else self.device_memory - self.total
+
+
+def _m(n: int) -> str:
+    return f"{n / 1e6:,.1f}M"
+
+
+def estimate_memory(
+    config: Config, shape: ModelShape, *, device: str, device_memory: int | None
+) -> MemoryPlan:
+    """Estimate the peak memory per device of training ``config``'s model with shape ``shape``.
+
+    Args:
+        config: The resolved config (model dtype, LoRA, quantization, ZeRO stage, micro-batch, sampler).
+        shape: The model's shape (`mcprl_train.commands.plan.load_model_shape`).
+        device: ``cuda``, ``mps`` or ``cpu``: the CUDA context is counted on ``cuda`` only.
+        device_memory: Bytes per device, None when unknown (a vLLM share then cannot be sized).
+    """
+    n, _ = _zero(config)
+    w = _DTYPE_BYTES[config.model.dtype]
+    lora = config.lora
+    t = shape.lora_params(lora.r, lora.target_modules or ()) if lora else shape.num_params
+    notes: list[str] = []
+    rows = [*_weight_rows(config, shape, w, t), *_update_rows(config, w, t), *_copy_rows(config, shape, w, t)]
+    rows.extend(_activation_rows(config, shape, w, device))
+    rows.extend(_sampler_rows(config, shape, w, device_memory))
+    if config.sampler.backend == "vllm":
+        notes.append(
+            "vLLM's share holds its own copy of the weights and its KV cache"
+            if device_memory is not None
+            else "vLLM's share is unknown: set distributed.device_memory_gb"
+        )
+    if device == "cuda":
+        rows.append(MemoryRow(name="cuda context", nbytes=CUDA_CONTEXT_BYTES, formula="0.5 GiB"))
+    if device == "cpu" and n > 1:
+        notes.append(f"{n} processes share the host memory: each gets 1/{n}")
+    return MemoryPlan(
+        model=config.model.name,
+        shape=shape,
+        trainable_params=t,
+        rows=tuple(rows),
+        device=device,
+        num_devices=n,
+        device_memory=device_memory,
+        notes=tuple(notes),
+    )
+
+
+def _zero(config: Config) -> tuple[int, int]:
+    """``(N, z)``: ranks the model is spread over and the ZeRO stage (0 without DeepSpeed)."""
+    ds = config.distributed
+    return (ds.num_gpus, ds.zero_stage) if ds.backend == "deepspeed" else (1, 0)
+
+
+def _weight_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[MemoryRow]:
+    n, stage = _zero(config)
+    base, base_formula = _base_weights(config, shape, w)
+    rows: list[MemoryRow] = []
+    if stage == 3:
+        rows.append(MemoryRow(name="weights", nbytes=base // n, formula=f"({base_formula}) / {n} ranks"))
+        gathered = max(shape.layer_params, shape.embedding_params) + _prefetch_bucket(config)
+        rows.append(
+            MemoryRow(
+                name="zero3 gathered params",
+                nbytes=gathered * w,
+                formula=f"(max(layer, embedding) + prefetch bucket) {_m(gathered)} × {w} B",
+                phase="update",
+            )
+        )
+    else:
+        rows.append(MemoryRow(name="weights", nbytes=base, formula=base_formula))
+    if config.lora:
+        rows.append(MemoryRow(name="lora adapters (fp32)", nbytes=t * 4, formula=f"T {_m(t)} × 4 B"))
+    return rows
+
+
+def _update_rows(config: Config, w: int, t: int) -> list[MemoryRow]:
+    """Gradients and AdamW state (Rajbhandari et al. 2020, "ZeRO", §3: K = 12 under mixed precision)."""
+    n, stage = _zero(config)
+    lora = config.lora is not None
+    g = 4 if lora else w
+    if config.distributed.backend == "deepspeed" and config.distributed.bf16 and not lora:
+        opt, opt_formula = t * 12, f"T {_m(t)} × (4 + 4 + 4) B: fp32 master, m, v"
+    else:
+        s = 4 if lora else w
+        opt, opt_formula = t * 2 * s, f"T {_m(t)} × 2 × {s} B: m, v"
+    return [
+        # A torch AdamW frees its gradients after each step (zero_grad(set_to_none=True)); DeepSpeed keeps its
+        # gradient partitions allocated.
+        _sharded(
+            "gradients",
+            t * g,
+            f"T {_m(t)} × {g} B",
+            n,
+            stage >= 2,
+            phase="resident" if config.distributed.backend == "deepspeed" else "update",
+        ),
+        _sharded("optimizer states", opt, opt_formula, n, stage >= 1),
+    ]
+
+
+def _copy_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[MemoryRow]:
+    """DeepSpeed's per-rank sampling replica and a full fine-tune's frozen reference (never partitioned)."""
+    rows: list[MemoryRow] = []
+    lora = config.lora is not None
+    if config.distributed.backend == "deepspeed":
+        base, base_formula = _base_weights(config, shape, w)
+        rows.append(
+            MemoryRow(
+                name="sampling replica",
+                nbytes=base + (t * 4 if lora else 0),
+                formula=base_formula + (" + adapters" if lora else "") + ", unpartitioned, per rank",
+            )
+        )
+    if not lora and config.grpo.kl_coef > 0:
+        p = shape.num_params
+        rows.append(
+            MemoryRow(name="reference policy", nbytes=p * w, formula=f"P {_m(p)} × {w} B, frozen copy")
+        )
+    return rows
+
+
+def _base_weights(config: Config, shape: ModelShape, w: int) -> tuple[int, str]:
+    p = shape.num_params
+    if config.quantization is None:
+        return p * w, f"P {_m(p)} × {w} B"
+    linear = shape.num_layers * shape.layer_linear_params
+    nbytes = round(linear * NF4_BYTES_PER_PARAM) + (p - linear) * w
+    return nbytes, f"linear {_m(linear)} × {NF4_BYTES_PER_PARAM:.4f} B ({config.quantization}) + rest × {w} B"
+
+
+def _prefetch_bucket(config: Config) -> int:
+    from mcprl_train.parallel.deepspeed import deepspeed_config
+
+    return int(deepspeed_config(config)["zero_optimization"]["stage3_prefetch_bucket_size"])
+
+
+def _sharded(
+    name: str, nbytes: int, formula: str, n: int, partitioned: bool, *, phase: Phase = "resident"
+) -> MemoryRow:
+    if not partitioned:
+        return MemoryRow(name=name, nbytes=nbytes, formula=formula, phase=phase)
+    return MemoryRow(name=name, nbytes=nbytes // n, formula=f"{formula} / {n} ranks", phase=phase)
+
+
+def layer_activation_bytes(config: Config, shape: ModelShape, w: int, *, device: str) -> int:
+    """Bytes one decoder layer saves for backward per token (measured term by term on CPU in test_plan.py).
+
+    Always: each RMSNorm's fp32 input and its per-row rsqrt (``2·(4h + 4)``, and ``4(q + k) + 4(H + H_kv)``
+    for Qwen3's q/k norms); the attention kernel's q, k, v and output at ``w`` and its fp32 per-head
+    logsumexp (a memory-efficient kernel keeps no ``s²`` scores); the MLP's gate, act(gate) and up (``3·w·i``).
+    A trained base adds the linear layers' inputs and the norms' normalised values (``4·w·h + w·i``, plus
+    ``w(q + k)`` for the q/k norms). LoRA leaves those out (frozen weights need no inputs) and adds, per
+    targeted module, its input cast to the fp32 adapter dtype, a dropout mask when ``lora.dropout > 0`` (bool
+    on CUDA's fused kernel, fp32 elsewhere) and the rank-r intermediate.
+    """
+    h, i, q, k = shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
+    heads, kv_heads = shape.num_heads, shape.num_kv_heads
+    qk_norm = shape.qk_norm
+    per_token = 2 * (4 * h + 4) + w * (2 * q + 2 * k) + 4 * heads + 3 * w * i
+    if qk_norm:
+        per_token += 4 * (q + k) + 4 * (heads + kv_heads)
+    lora = config.lora
+    if lora is None:
+        return per_token + 4 * w * h + w * i + (w * (q + k) if qk_norm else 0)
+    targets = shape.lora_targets(lora.target_modules or ())
+    mask = 0 if lora.dropout == 0 else 1 if device == "cuda" else 4
+    return per_token + shape.lora_inputs(targets) * (4 + mask) + len(targets) * lora.r * 4
+
+
+def model_activation_bytes(shape: ModelShape, w: int) -> int:
+    """Bytes saved per token outside the layers: token ids, RoPE's cos and sin, the final norm."""
+    return 8 + 2 * shape.head_dim * w + (4 * shape.hidden_size + 4) + 2 * w * shape.hidden_size
+
+
+def _activation_rows(config: Config, shape: ModelShape, w: int, device: str) -> list[MemoryRow]:
+    tokens = config.optim.micro_batch_tokens
+    layer = layer_activation_bytes(config, shape, w, device=device)
+    outside = model_activation_bytes(shape, w)
+    big_l = shape.num_layers
+    if config.model.gradient_checkpointing:
+        act = tokens * (big_l * shape.hidden_size * w + layer + outside)
+        formula = (
+            f"{tokens} tok × ({big_l} × h {shape.hidden_size} × {w} B + one layer {layer} B + {outside} B)"
+        )
+    else:
+        act = tokens * (big_l * layer + outside)
+        formula = f"{tokens} tok × ({big_l} layers × {layer} B + {outside} B)"
+    chunk = config.optim.logits_chunk_size
+    return [
+        MemoryRow(name="activations", nbytes=act, formula=formula, phase="update"),
+        MemoryRow(
+            name="logits chunk",
+            nbytes=chunk * shape.vocab_size * 4 * 3,
+            formula=f"{chunk} tok × V {shape.vocab_size} × 4 B × 3 (logits, log-softmax, gradient)",
+            phase="update",
+        ),
+    ]
+
+
+def _sampler_rows(config: Config, shape: ModelShape, w: int, device_memory: int | None) -> list[MemoryRow]:
+    sampler = config.sampler
+    match sampler.backend:
+        case "hf":
+            b, s = sampler.max_batch_size, config.env.max_total_tokens
+            slots = shape.kv_tokens(s)
+            rows = [
+                MemoryRow(
+                    name="sampler kv cache",
+                    nbytes=b * slots * 2 * shape.kv_dim * w,
+                    formula=f"{b} seqs × {slots:,} slots ({shape.num_layers} layers × ≤ {s} tok) × 2 (k, v)"
+                    f" × kv {shape.kv_dim} × {w} B",
+                    phase="sampling",
+                )
+            ]
+            if sampler.prefix_cache_mb > 0:
+                mib = sampler.prefix_cache_mb
+                rows.append(
+                    MemoryRow(
+                        name="sampler prefix cache", nbytes=int(mib * 2**20), formula=f"{mib:g} MiB budget"
+                    )
+                )
+            return rows
+        case "vllm":
+            u = sampler.gpu_memory_utilization
+            if device_memory is None:
+                return []
+            return [
+                MemoryRow(
+                    name="vLLM share (reserved)",
+                    nbytes=int(device_memory * u),
+                    formula=f"{u:g} × device {device_memory / GIB:,.1f} GiB",
+                )
+            ]
+        case _ as unreachable:
+            assert_never(unreachable)
