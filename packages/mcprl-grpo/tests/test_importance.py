@@ -21,6 +21,10 @@ from mcprl_grpo import (
 FAST = settings(max_examples=40, deadline=None)
 
 
+def tensor_list_bool(mask: torch.Tensor) -> list[bool]:
+    return [bool(v) for v in mask.flatten().unbind()]
+
+
 @st.composite
 def pairs(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     b, t = draw(st.integers(1, 4)), draw(st.integers(1, 6))
@@ -114,7 +118,7 @@ def test_mismatch_metrics_match_a_per_token_transcription(
     pairs_ = [
         (t, s)
         for t, s, m in zip(
-            tolist_1d(trainer.flatten()), tolist_1d(sampler.flatten()), mask.flatten().tolist(), strict=True
+            tolist_1d(trainer.flatten()), tolist_1d(sampler.flatten()), tensor_list_bool(mask), strict=True
         )
         if m
     ]

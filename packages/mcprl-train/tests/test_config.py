@@ -127,7 +127,10 @@ def test_two_tools_sources_in_one_layer_are_rejected() -> None:
         ("grpo.estimator=ppo", "grpo.estimator: got 'ppo'; expected one of"),
         ("env.max_turns_by_difficulty.expert=3", "env.max_turns_by_difficulty: needs exactly the keys"),
         ("run.name=a/b", "run.name: expected a directory name"),
-        ("grpo.kl_in_reward=true", "grpo.kl_in_reward: true needs per-token rewards \\(grpo.estimator=gae\\)"),
+        (
+            "grpo.kl_in_reward=true",
+            "grpo.kl_in_reward: true needs per-token rewards \\(grpo.estimator=gae\\)",
+        ),
         ("reference.ema=0.5", "reference.ema: 0.5 has no effect with reference.every=0"),
         ("reference.every=5", "reference.every: no reference policy exists with grpo.kl_coef=0"),
         ("reference.ema=1.5", "reference.ema"),
@@ -143,10 +146,15 @@ def test_bad_keys_and_values_name_the_key_and_the_expectation(override: str, mes
 def test_reference_and_kl_in_reward_are_refused_where_they_cannot_apply() -> None:
     with pytest.raises(ConfigError, match="a LoRA run's reference is the base model"):
         Config.load(overrides=["grpo.kl_coef=0.01", "lora={}", "reference.every=5"])
-    with pytest.raises(ConfigError, match="grpo.kl_in_reward: true needs grpo.kl_coef > 0"):
+    with pytest.raises(ConfigError, match=r"grpo.kl_in_reward: true needs grpo.kl_coef > 0"):
         Config.load(overrides=["grpo.estimator=gae", "grpo.kl_in_reward=true"])
     gae = Config.load(
-        overrides=["grpo.estimator=gae", "model.value_head=true", "grpo.kl_in_reward=true", "grpo.kl_coef=0.05"]
+        overrides=[
+            "grpo.estimator=gae",
+            "model.value_head=true",
+            "grpo.kl_in_reward=true",
+            "grpo.kl_coef=0.05",
+        ]
     )
     assert gae.grpo.kl_in_reward
     ema = Config.load(overrides=["grpo.kl_coef=0.01", "reference.every=5", "reference.ema=0.9"])

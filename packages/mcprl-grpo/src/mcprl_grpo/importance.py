@@ -14,10 +14,10 @@ import torch
 
 from mcprl_grpo._checks import as_float, as_mask, check_float, check_positive, check_same_shape
 from mcprl_grpo._segments import segment_sum, segments
-from mcprl_grpo.kl import token_kl
-from mcprl_grpo.masked import masked_mean
 from mcprl_grpo.choices import RatioLevel as RatioLevel
 from mcprl_grpo.choices import TISMode as TISMode
+from mcprl_grpo.kl import token_kl
+from mcprl_grpo.masked import masked_mean
 
 
 def log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -35,8 +35,11 @@ from mcprl_grpo import (
     gae_advantages,
     group_advantages,
     group_metrics,
+    kl_penalty_rewards,
+    mismatch_metrics,
     ratio_metrics,
     rewards_at_last_token,
+    tis_weights,
     token_kl,
     value_loss,
     value_metrics,
@@ -45,7 +48,7 @@ from mcprl_grpo import (
 from mcprl_policy import PackedForward, Policy, ReferencePolicy
 from mcprl_train import collectives
 from mcprl_train.config import Config
-from mcprl_train.errors import RatioHealthError
+from mcprl_train.errors import CheckpointError, RatioHealthError
 from mcprl_train.loop.samples import MicroBatch, Sample, episode_sample, micro_batch, pack_indices
 from mcprl_train.loop.update import TorchBackend, UpdateBackend
 from mcprl_train.typed_torch import tensor_list
@@ -115,8 +118,8 @@ def mean_over_ranks(learned: dict[str, float]) -> dict[str, float]:
     """An update's metrics averaged over the data-parallel ranks (maxima and totals where those are meant)."""
     metrics = collectives.mean_metrics(
         learned,
-        maxed=("ratio/max_abs_dev",),
-        summed=("perf/train_tokens", "perf/micro_batches", "perf/filler_sequences"),
+        maxed=("ratio/max_abs_dev", "mismatch/logprob_abs_diff_max"),
+        summed=("perf/train_tokens", "perf/micro_batches", "perf/filler_sequences", "mismatch/tokens"),
     )
     metrics["perf/world_size"] = float(collectives.world_size())
     return metrics
@@ -134,7 +137,8 @@ class Learner:
         config: The run config (reads `grpo`, `optim`, `sampling.temperature`, `env.max_total_tokens`).
         total_steps: Training steps, for the LR schedule.
         seed: Seed of the minibatch shuffling (the same on every rank).
-        reference: The KL reference (needed when `grpo.kl_coef > 0`).
+        reference: The KL reference (needed when `grpo.kl_coef > 0`); it follows the policy as `reference`
+            says (`step_reference`) and is part of `state_dict` when it is a copy.
         backend: Where the update runs; None: `TorchBackend` in this process.
     """
 
@@ -150,6 +154,7 @@ class Learner:
     ) -> None:
         self.policy = policy
         self.grpo = config.grpo
+        self.reference_cfg = config.reference
         self.optim_cfg = config.optim
         self.temperature = float(config.sampling.temperature)
         self.max_total_tokens = int(config.env.max_total_tokens)
@@ -170,26 +175,50 @@ class Learner:
 
     @property
     def recompute_old(self) -> bool:
-        """Old logprobs from a trainer forward: several updates per batch, GAE, or asked for."""
+        """Old logprobs from a trainer forward: several updates per batch, GAE, TIS, or asked for."""
         many = self.grpo.ppo_epochs * self.grpo.minibatches > 1
-        return many or self.needs_values or self.grpo.old_logprobs == "recompute"
+        asked = self.grpo.old_logprobs == "recompute" or self.grpo.tis is not None
+        return many or self.needs_values or asked
+
+    @property
+    def reference_copy(self) -> ReferencePolicy | None:
+        """The reference when it is a copy of its own (full fine-tune), which checkpoints must carry."""
+        if self.reference is None or self.reference.shares_weights:
+            return None
+        return self.reference
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             **self.backend.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rng": self.rng.getstate(),
         }
+        if (ref := self.reference_copy) is not None:
+            state["reference"] = ref.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.backend.load_state_dict(state)
         self.scheduler.load_state_dict(state["scheduler"])
         self.rng.setstate(state["rng"])
+        if (ref := self.reference_copy) is not None:
+            if "reference" not in state:
+                raise CheckpointError(
+                    "the checkpoint's learner state has no reference weights but this run's reference is a copy "
+                    "(grpo.kl_coef > 0, full fine-tune): it was saved by a run without a reference copy"
+                )
+            ref.load_state_dict(state["reference"])
 
     def sync_reference(self) -> None:
         """Copy the current weights into the reference policy (full fine-tune; no-op for LoRA references)."""
         if self.reference is not None and not self.reference.shares_weights:
             self.reference.sync()
+
+    def step_reference(self, step: int) -> None:
+        """After GRPO step ``step``: ``ref ← ema·ref + (1-ema)·policy`` every `reference.every` steps."""
+        every = self.reference_cfg.every
+        if self.reference is not None and every and step % every == 0:
+            self.reference.update(ema=self.reference_cfg.ema)
 
     # -- advantages --------------------------------------------------------------------------------------
 
@@ -239,29 +268,65 @@ class Learner:
         return [[samples[i] for i in b] for b in pack_indices(lengths, budget)]
 
     @torch.no_grad()
-    def recompute(self, micros: Sequence[MicroBatch]) -> None:
-        """Trainer-side old logprobs (and values), reference logprobs when KL is on, GAE targets."""
+    def recompute(self, micros: Sequence[MicroBatch]) -> dict[str, float]:
+        """Reference logprobs when KL is on; trainer-side old logprobs (and values, GAE targets, TIS weights).
+
+        Returns:
+            The sampler/learner mismatch (`mcprl_grpo.mismatch_metrics`) when the old logprobs were recomputed,
+            and ``kl/reward_penalty`` (mean β·Σ_t KL_t per sequence) with ``grpo.kl_in_reward``.
+        """
+        penalty = 0.0
         for m in micros:
+            if self.reference is not None and self.grpo.kl_coef > 0:
+                m.ref = self.reference.logprobs(m.ids, temperature=self.temperature).logprobs.float()
             if self.recompute_old:
                 out = self.forward(m)
                 m.old = out.logprobs.detach().float()
+                if self.grpo.tis is not None:
+                    m.tis = tis_weights(m.old, m.sampler, m.mask, cap=self.grpo.tis)
                 if self.needs_values:
                     assert out.values is not None
                     m.old_values = out.values.detach().float()
-                    self.gae_targets(m)
-            if self.reference is not None and self.grpo.kl_coef > 0:
-                m.ref = self.reference.logprobs(m.ids, temperature=self.temperature).logprobs.float()
+                    penalty += self.gae_targets(m)
+        metrics: dict[str, float] = {}
+        if self.recompute_old and micros:
+            cat = torch.cat
+            metrics = mismatch_metrics(
+                cat([m.old for m in micros]),
+                cat([m.sampler for m in micros]),
+                cat([m.mask for m in micros]),
+                cap=self.grpo.tis,
+            )
+        if self.grpo.kl_in_reward:
+            metrics["kl/reward_penalty"] = penalty / max(1, sum(len(m.samples) for m in micros))
+        return metrics
 
-    def gae_targets(self, m: MicroBatch) -> None:
-        """Per-token GAE advantages and returns from the old values (credit only on policy tokens)."""
+    def gae_targets(self, m: MicroBatch) -> float:
+        """Per-token GAE advantages and returns from the old values (credit only on policy tokens).
+
+        With ``grpo.kl_in_reward`` the token rewards are ``r_t - β·KL_t(π_old‖π_ref)`` first
+        (`mcprl_grpo.kl_penalty_rewards`, Ouyang et al. 2022 eq. 2; verl's ``apply_kl_penalty``).
+
+        Returns:
+            The penalty β·Σ_t KL_t summed over the micro-batch's sequences (0 without ``kl_in_reward``).
+        """
         assert m.old_values is not None
         lens = m.lengths
         mask = _padded([s.action_mask for s in m.samples], False)
         values = _padded(list(torch.split(m.old_values, lens)), 0.0)
-        rewards = rewards_at_last_token(torch.tensor([s.reward for s in m.samples]), mask)
+        outcome = rewards_at_last_token(torch.tensor([s.reward for s in m.samples]), mask)
+        rewards = outcome
+        if self.grpo.kl_in_reward:
+            assert m.ref is not None
+            old = _padded(list(torch.split(m.old, lens)), 0.0)
+            ref = _padded(list(torch.split(m.ref, lens)), 0.0)
+            rewards = kl_penalty_rewards(
+                outcome, old, ref, mask, coef=self.grpo.kl_coef, estimator=self.grpo.kl_estimator
+            )
         adv, ret = gae_advantages(rewards, values, mask, gamma=self.grpo.gamma, lam=self.grpo.lam)
         m.adv = torch.cat([adv[i, :n] for i, n in enumerate(lens)])
         m.returns = torch.cat([ret[i, :n] for i, n in enumerate(lens)])
+        return float((outcome - rewards).sum())
 
     def update(self, samples: Sequence[Sample]) -> dict[str, float]:
         """PPO epochs × minibatches over packed micro-batches; one scheduler step per call.
@@ -282,7 +347,7 @@ class Learner:
 
     def update_micro_batches(self, micros: list[MicroBatch]) -> dict[str, float]:
         """`update` on micro-batches already laid out."""
-        self.recompute(micros)
+        recomputed = self.recompute(micros)
         acc: dict[str, list[float]] = {}
         steps = 0
         grad_norm = float("nan")
@@ -323,7 +388,7 @@ class Learner:
         metrics["optim/steps"] = float(steps)
         metrics["perf/micro_batches"] = float(len(micros))
         metrics["perf/train_tokens"] = float(sum(len(i) for m in micros for i in m.ids))
-        return metrics
+        return metrics | recomputed
 
     def micro_step(self, m: MicroBatch, normalizer: torch.Tensor) -> dict[str, float]:
         """Forward + backward of one micro-batch, aggregated with the minibatch's global normaliser."""
@@ -333,10 +398,13 @@ class Learner:
         token_loss = clipped_surrogate_loss(
             new, m.old, m.adv, m.mask, eps_low=g.clip_eps_low, eps_high=g.clip_eps_high, dual_clip=g.dual_clip
         )
+        if m.tis is not None:
+            # Yao et al. 2025: the policy-gradient term only, as verl's compute_policy_loss (pg_losses * w).
+            token_loss = token_loss * m.tis
         stats: dict[str, float] = {}
         with torch.no_grad():
             stats["loss/policy"] = float(aggregate_loss(token_loss.detach(), m.mask, mode="token-mean"))
-        if m.ref is not None:
+        if m.ref is not None and not g.kl_in_reward:
             kl = token_kl(new, m.ref, m.mask, estimator=g.kl_estimator)
             token_loss = token_loss + g.kl_coef * kl
             stats["loss/kl"] = float(aggregate_loss(kl.detach(), m.mask, mode="token-mean"))

@@ -78,7 +78,9 @@ def pack_indices(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
 class MicroBatch:
     """Samples concatenated: per-token fields `(N,)` over all of them, `seq_ids` naming each token's sample.
 
-    `old`, `ref`, `old_values`, `returns` and (for GAE) `adv` are filled in before the update's passes.
+    `sampler` holds the sampler's logprobs and `old` starts as them; when the learner recomputes the old
+    logprobs it replaces `old` (and `tis`, the truncated importance weights against `sampler`). `ref`,
+    `old_values`, `returns` and (for GAE) `adv` are filled in before the update's passes.
     """
 
     samples: list[Sample]
@@ -87,6 +89,8 @@ class MicroBatch:
     mask: torch.Tensor
     adv: torch.Tensor
     old: torch.Tensor
+    sampler: torch.Tensor
+    tis: torch.Tensor | None = None
     ref: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
@@ -97,11 +101,13 @@ class MicroBatch:
 
 
 def micro_batch(samples: list[Sample]) -> MicroBatch:
+    sampler = torch.cat([s.old_logprobs for s in samples])
     return MicroBatch(
         samples=samples,
         ids=[tensor_list(s.token_ids, int) for s in samples],
         seq_ids=torch.cat([torch.full((s.token_ids.numel(),), i) for i, s in enumerate(samples)]),
         mask=torch.cat([s.action_mask for s in samples]),
         adv=torch.cat([s.advantages for s in samples]),
-        old=torch.cat([s.old_logprobs for s in samples]),
+        old=sampler,
+        sampler=sampler,
     )

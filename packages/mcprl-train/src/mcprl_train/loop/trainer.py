@@ -282,8 +282,7 @@ class Trainer:
         self.progress.work_done()
         metrics.update(mean_over_ranks(self.learner.update(samples)))
         self.sync_sampler()
-        if cfg.run.ref_sync_every and step % cfg.run.ref_sync_every == 0:
-            self.learner.sync_reference()
+        self.learner.step_reference(step)
         self.emit("after_update")
         t_learn = time.perf_counter() - t1
         self.state.step = step
