@@ -4,7 +4,8 @@ The math (advantages, GAE, clipped surrogate, KL, value loss, aggregation, ratio
 forward pass over packed sequences is mcprl-policy's. This module owns the orchestration around them:
 training targets from episodes, zero-variance filtering, one packing per iteration reused by every pass,
 minibatches × PPO epochs, gradient accumulation over micro-batches with a global normaliser (so the split
-never changes the objective), the scheduler, reference sync, and the ratio-health check: ratios that stay
+never changes the objective), the scheduler, the reference's EMA/re-sync (`reference.every`), truncated importance
+weights against the sampler (`grpo.tis`), and the ratio-health check: ratios that stay
 exactly 1 after an optimizer step stop the run with a diagnosis (no gradient reached the trainable parameters)
 instead of being papered over.
 
@@ -32,14 +33,9 @@ from mcprl_grpo import (
     clip_metrics,
     clipped_surrogate_loss,
     entropy_loss,
-    gae_advantages,
     group_advantages,
     group_metrics,
-    kl_penalty_rewards,
-    mismatch_metrics,
     ratio_metrics,
-    rewards_at_last_token,
-    tis_weights,
     token_kl,
     value_loss,
     value_metrics,
@@ -50,6 +46,7 @@ from mcprl_train import collectives
 from mcprl_train.config import Config
 from mcprl_train.errors import CheckpointError, RatioHealthError
 from mcprl_train.loop.samples import MicroBatch, Sample, episode_sample, micro_batch, pack_indices
+from mcprl_train.loop.targets import old_policy_targets, recompute_metrics
 from mcprl_train.loop.update import TorchBackend, UpdateBackend
 from mcprl_train.typed_torch import tensor_list
 
@@ -123,10 +120,6 @@ def mean_over_ranks(learned: dict[str, float]) -> dict[str, float]:
     )
     metrics["perf/world_size"] = float(collectives.world_size())
     return metrics
-
-
-def _padded(parts: Sequence[torch.Tensor], fill: float | bool) -> torch.Tensor:
-    return torch.nn.utils.rnn.pad_sequence(list(parts), batch_first=True, padding_value=fill)
 
 
 class Learner:
@@ -269,64 +262,19 @@ class Learner:
 
     @torch.no_grad()
     def recompute(self, micros: Sequence[MicroBatch]) -> dict[str, float]:
-        """Reference logprobs when KL is on; trainer-side old logprobs (and values, GAE targets, TIS weights).
+        """Reference logprobs when KL is on; the learner's old logprobs and what follows from them (`targets`).
 
         Returns:
-            The sampler/learner mismatch (`mcprl_grpo.mismatch_metrics`) when the old logprobs were recomputed,
-            and ``kl/reward_penalty`` (mean β·Σ_t KL_t per sequence) with ``grpo.kl_in_reward``.
+            `mcprl_train.loop.targets.recompute_metrics` when the old logprobs were recomputed (`mismatch/*`,
+            ``kl/reward_penalty``), else nothing.
         """
         penalty = 0.0
         for m in micros:
             if self.reference is not None and self.grpo.kl_coef > 0:
                 m.ref = self.reference.logprobs(m.ids, temperature=self.temperature).logprobs.float()
             if self.recompute_old:
-                out = self.forward(m)
-                m.old = out.logprobs.detach().float()
-                if self.grpo.tis is not None:
-                    m.tis = tis_weights(m.old, m.sampler, m.mask, cap=self.grpo.tis)
-                if self.needs_values:
-                    assert out.values is not None
-                    m.old_values = out.values.detach().float()
-                    penalty += self.gae_targets(m)
-        metrics: dict[str, float] = {}
-        if self.recompute_old and micros:
-            cat = torch.cat
-            metrics = mismatch_metrics(
-                cat([m.old for m in micros]),
-                cat([m.sampler for m in micros]),
-                cat([m.mask for m in micros]),
-                cap=self.grpo.tis,
-            )
-        if self.grpo.kl_in_reward:
-            metrics["kl/reward_penalty"] = penalty / max(1, sum(len(m.samples) for m in micros))
-        return metrics
-
-    def gae_targets(self, m: MicroBatch) -> float:
-        """Per-token GAE advantages and returns from the old values (credit only on policy tokens).
-
-        With ``grpo.kl_in_reward`` the token rewards are ``r_t - β·KL_t(π_old‖π_ref)`` first
-        (`mcprl_grpo.kl_penalty_rewards`, Ouyang et al. 2022 eq. 2; verl's ``apply_kl_penalty``).
-
-        Returns:
-            The penalty β·Σ_t KL_t summed over the micro-batch's sequences (0 without ``kl_in_reward``).
-        """
-        assert m.old_values is not None
-        lens = m.lengths
-        mask = _padded([s.action_mask for s in m.samples], False)
-        values = _padded(list(torch.split(m.old_values, lens)), 0.0)
-        outcome = rewards_at_last_token(torch.tensor([s.reward for s in m.samples]), mask)
-        rewards = outcome
-        if self.grpo.kl_in_reward:
-            assert m.ref is not None
-            old = _padded(list(torch.split(m.old, lens)), 0.0)
-            ref = _padded(list(torch.split(m.ref, lens)), 0.0)
-            rewards = kl_penalty_rewards(
-                outcome, old, ref, mask, coef=self.grpo.kl_coef, estimator=self.grpo.kl_estimator
-            )
-        adv, ret = gae_advantages(rewards, values, mask, gamma=self.grpo.gamma, lam=self.grpo.lam)
-        m.adv = torch.cat([adv[i, :n] for i, n in enumerate(lens)])
-        m.returns = torch.cat([ret[i, :n] for i, n in enumerate(lens)])
-        return float((outcome - rewards).sum())
+                penalty += old_policy_targets(m, self.forward(m), self.grpo, values=self.needs_values)
+        return recompute_metrics(micros, self.grpo, penalty=penalty) if self.recompute_old else {}
 
     def update(self, samples: Sequence[Sample]) -> dict[str, float]:
         """PPO epochs × minibatches over packed micro-batches; one scheduler step per call.
