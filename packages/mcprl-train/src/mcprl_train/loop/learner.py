@@ -268,7 +268,7 @@ class Learner:
             `mcprl_train.loop.targets.recompute_metrics` when the old logprobs were recomputed (`mismatch/*`,
             ``kl/reward_penalty``), else nothing.
         """
-        penalty = 0.0
+        penalty: torch.Tensor | float = 0.0
         for m in micros:
             if self.reference is not None and self.grpo.kl_coef > 0:
                 m.ref = self.reference.logprobs(m.ids, temperature=self.temperature).logprobs.float()
@@ -289,7 +289,7 @@ class Learner:
             return {"optim/skipped": 1.0}
         self.policy.train()
         batches, fillers = self.backend.lay_out(self.pack(samples) if samples else [])
-        metrics = self.update_micro_batches([micro_batch(b) for b in batches])
+        metrics = self.update_micro_batches([micro_batch(b, device=self.policy.device) for b in batches])
         metrics["perf/filler_sequences"] = float(fillers)
         return metrics
 

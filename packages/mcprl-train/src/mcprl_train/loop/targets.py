@@ -30,38 +30,40 @@ def _padded(parts: Sequence[torch.Tensor], fill: float | bool) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(list(parts), batch_first=True, padding_value=fill)
 
 
-def old_policy_targets(m: MicroBatch, out: PackedForward, grpo: GRPOConfig, *, values: bool) -> float:
+def old_policy_targets(m: MicroBatch, out: PackedForward, grpo: GRPOConfig, *, values: bool) -> torch.Tensor:
     """Take the learner's no-grad forward ``out`` of ``m`` as ``π_old`` (and the old values, GAE targets).
 
+    Everything stays on the device of ``m`` and ``out`` (no host synchronisation).
+
     Returns:
-        The KL reward penalty β·Σ_t KL_t over ``m``'s sequences (0 without ``grpo.kl_in_reward``).
+        The KL reward penalty β·Σ_t KL_t over ``m``'s sequences, a scalar (0 without ``grpo.kl_in_reward``).
     """
     m.old = out.logprobs.detach().float()
     if grpo.tis is not None:
         m.tis = tis_weights(m.old, m.sampler, m.mask, cap=grpo.tis)
     if not values:
-        return 0.0
+        return torch.zeros((), device=m.old.device)
     if out.values is None:
         raise ValueError("the estimator needs values but the forward returned none (model.value_head=false?)")
     m.old_values = out.values.detach().float()
     return gae_targets(m, grpo)
 
 
-def gae_targets(m: MicroBatch, grpo: GRPOConfig) -> float:
+def gae_targets(m: MicroBatch, grpo: GRPOConfig) -> torch.Tensor:
     """Per-token GAE advantages and returns from the old values (credit only on policy tokens).
 
     With ``grpo.kl_in_reward`` the token rewards are ``r_t - β·KL_t(π_old‖π_ref)`` first
     (`mcprl_grpo.kl_penalty_rewards`, Ouyang et al. 2022 eq. 2; verl's ``apply_kl_penalty``).
 
     Returns:
-        The penalty β·Σ_t KL_t summed over the micro-batch's sequences (0 without ``kl_in_reward``).
+        The penalty β·Σ_t KL_t summed over the micro-batch's sequences, a scalar (0 without ``kl_in_reward``).
     """
     if m.old_values is None:
         raise ValueError("gae_targets needs the old values (old_policy_targets with values=True)")
     lens = m.lengths
-    mask = _padded([s.action_mask for s in m.samples], False)
+    mask = _padded(list(torch.split(m.mask, lens)), False)
     values = _padded(list(torch.split(m.old_values, lens)), 0.0)
-    outcome = rewards_at_last_token(torch.tensor([s.reward for s in m.samples]), mask)
+    outcome = rewards_at_last_token(torch.tensor([s.reward for s in m.samples], device=mask.device), mask)
     rewards = outcome
     if grpo.kl_in_reward:
         if m.ref is None:
@@ -72,10 +74,12 @@ def gae_targets(m: MicroBatch, grpo: GRPOConfig) -> float:
     adv, ret = gae_advantages(rewards, values, mask, gamma=grpo.gamma, lam=grpo.lam)
     m.adv = torch.cat([adv[i, :n] for i, n in enumerate(lens)])
     m.returns = torch.cat([ret[i, :n] for i, n in enumerate(lens)])
-    return float((outcome - rewards).sum())
+    return (outcome - rewards).sum()
 
 
-def recompute_metrics(micros: Sequence[MicroBatch], grpo: GRPOConfig, *, penalty: float) -> dict[str, float]:
+def recompute_metrics(
+    micros: Sequence[MicroBatch], grpo: GRPOConfig, *, penalty: torch.Tensor | float
+) -> dict[str, float]:
     """``mismatch/*`` over every recomputed token of ``micros``; ``kl/reward_penalty`` per sequence."""
     metrics: dict[str, float] = {}
     if micros:
@@ -86,5 +90,5 @@ def recompute_metrics(micros: Sequence[MicroBatch], grpo: GRPOConfig, *, penalty
             cap=grpo.tis,
         )
     if grpo.kl_in_reward:
-        metrics["kl/reward_penalty"] = penalty / max(1, sum(len(m.samples) for m in micros))
+        metrics["kl/reward_penalty"] = float(penalty) / max(1, sum(len(m.samples) for m in micros))
     return metrics
