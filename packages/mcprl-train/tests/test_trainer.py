@@ -152,10 +152,13 @@ class ReferenceRecorder(Recorder):
         super().__init__(stop_after_checkpoint=stop_after_checkpoint)
         self.reference: dict[int, list[torch.Tensor]] = {}
         self.reference_before: dict[int, list[torch.Tensor]] = {}
+        self.policy_before: dict[int, list[torch.Tensor]] = {}
 
     def __call__(self, event: str, trainer: Trainer) -> None:
         if event == "before_rollout":
             self.reference_before[trainer.state.step + 1] = reference_of(trainer)
+            model = trainer.policy.model.state_dict().values()
+            self.policy_before[trainer.state.step + 1] = [t.detach().clone() for t in model]
         elif event == "after_step":
             self.reference[trainer.state.step] = reference_of(trainer)
         super().__call__(event, trainer)
@@ -167,7 +170,9 @@ def test_resume_continues_with_the_same_ema_reference(tmp_path: Path) -> None:
     straight = ReferenceRecorder()
     cfg = make_config(tmp_path, "straight", tasks, *ema)
     Trainer(cfg, RunDir.create(cfg), hooks=(straight,)).run()
-    # The reference moved at every step (the warm start moved the policy away from it).
+    # GRPO starts with the warm-started policy as its reference, which then moves at every step.
+    for a, b in zip(straight.reference_before[1], straight.policy_before[1], strict=True):
+        assert torch.equal(a, b)
     assert not all(
         torch.equal(a, b) for a, b in zip(straight.reference[1], straight.reference[2], strict=True)
     )

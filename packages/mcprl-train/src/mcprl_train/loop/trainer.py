@@ -192,6 +192,8 @@ class Trainer:
             # No evaluation of the untrained model here: it cannot call a tool; "warm_start" is the baseline.
             await self.warm_start()
             self.sync_sampler()  # the GRPO rollouts must start from the warm-started weights
+            assert self.learner is not None
+            self.learner.sync_reference()  # and the KL reference is the warm-started policy, not its init
             await self.evaluate("warm_start")
             self.state.stage = "grpo"
             self.checkpoint()
