@@ -267,12 +267,16 @@ def test_mismatch_is_measured_against_the_sampler_logprobs_the_episodes_carry(po
     assert "mismatch/tis_capped_frac" not in got
 
 
-def test_no_mismatch_is_reported_when_the_sampler_logprobs_are_the_old_policy(policy_state: Policy) -> None:
+def test_mismatch_is_measured_by_the_single_pass_when_nothing_is_recomputed(policy_state: Policy) -> None:
     policy = fresh_policy(policy_state)
     learner = Learner(policy=policy, config=config("grpo.minibatches=1"), total_steps=10, seed=0)
     assert not learner.recompute_old
-    samples, _ = learner.prepare(make_groups(policy))
-    assert not any(k.startswith("mismatch/") for k in learner.update(samples))
+    samples, _ = learner.prepare(shifted_sampler(make_groups(policy), lambda t: 0.3))
+    got = learner.update(samples)
+    # The only pass's forward precedes the optimizer step: it is the learner's π_old, 0.3 above the sampler.
+    assert got["mismatch/logprob_abs_diff_mean"] == pytest.approx(0.3, abs=1e-4)
+    assert got["mismatch/kl_k3"] == pytest.approx(math.exp(0.3) - 1.3, abs=1e-4)
+    assert got["mismatch/tokens"] == sum(int(s.action_mask.sum()) for s in samples)
 
 
 def test_tis_weights_the_policy_gradient_loss_by_the_truncated_learner_sampler_ratio(

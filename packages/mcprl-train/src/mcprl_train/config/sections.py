@@ -241,7 +241,7 @@ class GRPOConfig:
         backfill_rounds: Extra collection rounds per step that replace filtered groups (0 = no back-fill).
         old_logprobs: ``sampler``: the sampler's logprobs are the old policy's (one update per batch);
             ``recompute``: a no-grad trainer forward before the update (forced when ppo_epochs × minibatches > 1,
-            with ``gae`` or with ``tis``); the sampler/learner mismatch (``mismatch/*``) is logged whenever it runs.
+            with ``gae`` or with ``tis``).
         value_clip: Clip range of the value loss around the old values (``gae``).
         tis: Truncated importance sampling cap C against sampler/learner mismatch (Yao et al. 2025): the
             policy-gradient loss of each token is multiplied by ``min(π_learner_old/π_sampler, C)``; None: off.

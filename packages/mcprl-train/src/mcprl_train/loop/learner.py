@@ -46,7 +46,7 @@ from mcprl_train import collectives
 from mcprl_train.config import Config
 from mcprl_train.errors import CheckpointError, RatioHealthError
 from mcprl_train.loop.samples import MicroBatch, Sample, episode_sample, micro_batch, pack_indices
-from mcprl_train.loop.targets import old_policy_targets, recompute_metrics
+from mcprl_train.loop.targets import kl_reward_metrics, old_policy_targets, sampler_mismatch
 from mcprl_train.loop.update import TorchBackend, UpdateBackend
 from mcprl_train.typed_torch import tensor_list
 
@@ -265,8 +265,7 @@ class Learner:
         """Reference logprobs when KL is on; the learner's old logprobs and what follows from them (`targets`).
 
         Returns:
-            `mcprl_train.loop.targets.recompute_metrics` when the old logprobs were recomputed (`mismatch/*`,
-            ``kl/reward_penalty``), else nothing.
+            ``kl/reward_penalty`` with ``grpo.kl_in_reward`` (`mcprl_train.loop.targets.kl_reward_metrics`).
         """
         penalty: torch.Tensor | float = 0.0
         for m in micros:
@@ -274,7 +273,7 @@ class Learner:
                 m.ref = self.reference.logprobs(m.ids, temperature=self.temperature).logprobs.float()
             if self.recompute_old:
                 penalty += old_policy_targets(m, self.forward(m), self.grpo, values=self.needs_values)
-        return recompute_metrics(micros, self.grpo, penalty=penalty) if self.recompute_old else {}
+        return kl_reward_metrics(micros, penalty=penalty) if self.grpo.kl_in_reward else {}
 
     def update(self, samples: Sequence[Sample]) -> dict[str, float]:
         """PPO epochs × minibatches over packed micro-batches; one scheduler step per call.
@@ -336,13 +335,17 @@ class Learner:
         metrics["optim/steps"] = float(steps)
         metrics["perf/micro_batches"] = float(len(micros))
         metrics["perf/train_tokens"] = float(sum(len(i) for m in micros for i in m.ids))
-        return metrics | recomputed
+        return metrics | recomputed | sampler_mismatch(micros, self.grpo)
 
     def micro_step(self, m: MicroBatch, normalizer: torch.Tensor) -> dict[str, float]:
         """Forward + backward of one micro-batch, aggregated with the minibatch's global normaliser."""
         g = self.grpo
         out = self.forward(m)
         new = out.logprobs.float()
+        if m.learner_old is None:
+            # Nothing was recomputed, so this is the only pass (one epoch, one minibatch): no optimizer step has
+            # run yet and this forward is the learner's π_old.
+            m.learner_old = new.detach()
         token_loss = clipped_surrogate_loss(
             new, m.old, m.adv, m.mask, eps_low=g.clip_eps_low, eps_high=g.clip_eps_high, dual_clip=g.dual_clip
         )

@@ -79,9 +79,11 @@ class MicroBatch:
     """Samples concatenated: per-token fields `(N,)` over all of them, `seq_ids` naming each token's sample.
 
     Every tensor lives on the device the micro-batch was built for (the model's: `micro_batch`). `sampler` holds
-    the sampler's logprobs and `old` starts as them; when the learner recomputes the old
-    logprobs it replaces `old` (and `tis`, the truncated importance weights against `sampler`). `ref`,
-    `old_values`, `returns` and (for GAE) `adv` are filled in before the update's passes.
+    the sampler's logprobs and `old` starts as them; when the learner recomputes the old logprobs it replaces
+    `old` (and `tis`, the truncated importance weights against `sampler`). `learner_old` is the learner's own
+    logprobs before the update, what the sampler's are compared with (`mismatch/*`): the recompute's, or the
+    forward of the single pass when nothing is recomputed. `ref`, `old_values`, `returns` and (for GAE) `adv`
+    are filled in before the update's passes.
     """
 
     samples: list[Sample]
@@ -92,6 +94,7 @@ class MicroBatch:
     old: torch.Tensor
     sampler: torch.Tensor
     tis: torch.Tensor | None = None
+    learner_old: torch.Tensor | None = None
     ref: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None

@@ -23,7 +23,7 @@ from mcprl_policy import PackedForward
 from mcprl_train.config import GRPOConfig
 from mcprl_train.loop.samples import MicroBatch
 
-__all__ = ["gae_targets", "old_policy_targets", "recompute_metrics"]
+__all__ = ["gae_targets", "kl_reward_metrics", "old_policy_targets", "sampler_mismatch"]
 
 
 def _padded(parts: Sequence[torch.Tensor], fill: float | bool) -> torch.Tensor:
@@ -39,6 +39,7 @@ def old_policy_targets(m: MicroBatch, out: PackedForward, grpo: GRPOConfig, *, v
         The KL reward penalty β·Σ_t KL_t over ``m``'s sequences, a scalar (0 without ``grpo.kl_in_reward``).
     """
     m.old = out.logprobs.detach().float()
+    m.learner_old = m.old
     if grpo.tis is not None:
         m.tis = tis_weights(m.old, m.sampler, m.mask, cap=grpo.tis)
     if not values:
@@ -77,18 +78,19 @@ def gae_targets(m: MicroBatch, grpo: GRPOConfig) -> torch.Tensor:
     return (outcome - rewards).sum()
 
 
-def recompute_metrics(
-    micros: Sequence[MicroBatch], grpo: GRPOConfig, *, penalty: torch.Tensor | float
-) -> dict[str, float]:
-    """``mismatch/*`` over every recomputed token of ``micros``; ``kl/reward_penalty`` per sequence."""
-    metrics: dict[str, float] = {}
-    if micros:
-        metrics = mismatch_metrics(
-            torch.cat([m.old for m in micros]),
-            torch.cat([m.sampler for m in micros]),
-            torch.cat([m.mask for m in micros]),
-            cap=grpo.tis,
-        )
-    if grpo.kl_in_reward:
-        metrics["kl/reward_penalty"] = float(penalty) / max(1, sum(len(m.samples) for m in micros))
-    return metrics
+def sampler_mismatch(micros: Sequence[MicroBatch], grpo: GRPOConfig) -> dict[str, float]:
+    """``mismatch/*`` over every token of ``micros`` whose `MicroBatch.learner_old` is known."""
+    seen = [m for m in micros if m.learner_old is not None]
+    if not seen:
+        return {}
+    return mismatch_metrics(
+        torch.cat([m.learner_old for m in seen if m.learner_old is not None]),
+        torch.cat([m.sampler for m in seen]),
+        torch.cat([m.mask for m in seen]),
+        cap=grpo.tis,
+    )
+
+
+def kl_reward_metrics(micros: Sequence[MicroBatch], *, penalty: torch.Tensor | float) -> dict[str, float]:
+    """``kl/reward_penalty``: the mean β·Σ_t KL_t per sequence that ``grpo.kl_in_reward`` took from the rewards."""
+    return {"kl/reward_penalty": float(penalty) / max(1, sum(len(m.samples) for m in micros))}
