@@ -1,4 +1,4 @@
-"""Importance ratios: token (PPO), sequence (GSPO eq. 7), GSPO-token (eq. 13) and TIS weights."""
+"""Importance ratios: token (PPO), sequence (GSPO eq. 7), GSPO-token (eq. 13), TIS weights, mismatch metrics."""
 
 from __future__ import annotations
 
@@ -9,9 +9,20 @@ from grpo_testkit import tolist_1d
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcprl_grpo import gspo_token_ratios, log_ratio, sequence_ratios, tis_weights, token_ratios
+from mcprl_grpo import (
+    gspo_token_ratios,
+    log_ratio,
+    mismatch_metrics,
+    sequence_ratios,
+    tis_weights,
+    token_ratios,
+)
 
 FAST = settings(max_examples=40, deadline=None)
+
+
+def tensor_list_bool(mask: torch.Tensor) -> list[bool]:
+    return [bool(v) for v in mask.flatten().unbind()]
 
 
 @st.composite
@@ -95,3 +106,50 @@ def test_tis_weights_truncate_or_mask_above_the_cap(
     per_seq = torch.exp(torch.where(mask, trainer - sampler, 0.0).sum(dim=1, keepdim=True)).clamp(max=cap)
     torch.testing.assert_close(seq, torch.where(mask, per_seq.expand_as(trainer), 1.0))
     assert not w.requires_grad
+
+
+@FAST
+@given(pairs(), st.sampled_from([1.5, 2.0, 8.0]))
+def test_mismatch_metrics_match_a_per_token_transcription(
+    x: tuple[torch.Tensor, torch.Tensor, torch.Tensor], cap: float
+) -> None:
+    trainer, sampler, mask = x
+    got = mismatch_metrics(trainer, sampler, mask, cap=cap)
+    pairs_ = [
+        (t, s)
+        for t, s, m in zip(
+            tolist_1d(trainer.flatten()), tolist_1d(sampler.flatten()), tensor_list_bool(mask), strict=True
+        )
+        if m
+    ]
+    n = len(pairs_)
+    diffs = [abs(t - s) for t, s in pairs_]
+    # Schulman 2020 with the sampler as the sampling policy: ρ = π_trainer/π_sampler, k1 = -log ρ, k3 = ρ-1-log ρ.
+    k1 = [s - t for t, s in pairs_]
+    k3 = [math.exp(t - s) - 1 - (t - s) for t, s in pairs_]
+    weights = [min(math.exp(t - s), cap) for t, s in pairs_]
+    want = {
+        "mismatch/logprob_abs_diff_mean": sum(diffs) / n if n else 0.0,
+        "mismatch/logprob_abs_diff_max": max(diffs, default=0.0),
+        "mismatch/kl_k1": sum(k1) / n if n else 0.0,
+        "mismatch/kl_k3": sum(k3) / n if n else 0.0,
+        "mismatch/tokens": float(n),
+        "mismatch/tis_capped_frac": sum(math.exp(t - s) > cap for t, s in pairs_) / n if n else 0.0,
+        "mismatch/tis_weight_mean": sum(weights) / n if n else 0.0,
+    }
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert math.isclose(got[key], value, rel_tol=1e-9, abs_tol=1e-9), key
+
+
+def test_mismatch_metrics_are_zero_when_trainer_and_sampler_agree() -> None:
+    lp = torch.tensor([-0.5, -1.5, -3.0, -0.1])
+    mask = torch.tensor([False, True, True, True])
+    got = mismatch_metrics(lp, lp.clone(), mask)
+    assert got == {
+        "mismatch/logprob_abs_diff_mean": 0.0,
+        "mismatch/logprob_abs_diff_max": 0.0,
+        "mismatch/kl_k1": 0.0,
+        "mismatch/kl_k3": 0.0,
+        "mismatch/tokens": 3.0,
+    }

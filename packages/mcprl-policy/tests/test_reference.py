@@ -53,3 +53,25 @@ def test_lora_reference_cannot_be_ema_updated(tiny_dir: Path) -> None:
     reference = ReferencePolicy.for_policy(Policy.from_pretrained(str(tiny_dir), lora=LoraSettings(r=2)))
     with pytest.raises(PolicyError, match="full fine-tune"):
         reference.sync()
+
+
+def test_reference_state_round_trips_into_a_fresh_reference(tiny_dir: Path) -> None:
+    policy = Policy.from_pretrained(str(tiny_dir))
+    reference = ReferencePolicy.for_policy(policy)
+    _train_step(policy)
+    reference.update(ema=0.5)
+    saved = reference.state_dict()
+    assert all(t.device.type == "cpu" for t in saved.values())
+    fresh = ReferencePolicy.for_policy(Policy.from_pretrained(str(tiny_dir)))
+    moved = reference.logprobs(SEQUENCES).logprobs
+    assert (fresh.logprobs(SEQUENCES).logprobs - moved).abs().max() > 1e-4
+    fresh.load_state_dict(saved)
+    torch.testing.assert_close(fresh.logprobs(SEQUENCES).logprobs, reference.logprobs(SEQUENCES).logprobs)
+    name = next(iter(saved))
+    with pytest.raises(PolicyError, match="missing"):
+        fresh.load_state_dict({k: v for k, v in saved.items() if k != name})
+    with pytest.raises(PolicyError, match="shape"):
+        fresh.load_state_dict({**saved, name: saved[name].flatten()[:1]})
+    lora = ReferencePolicy.for_policy(Policy.from_pretrained(str(tiny_dir), lora=LoraSettings(r=2)))
+    with pytest.raises(PolicyError, match="full fine-tune"):
+        lora.state_dict()

@@ -28,10 +28,12 @@ def test_every_shipped_profile_loads_and_round_trips() -> None:
 def test_defaults_follow_the_seed_hyperparameters() -> None:
     cfg = Config.load(profile=None)
     assert (cfg.grpo.clip_eps_low, cfg.grpo.kl_coef, cfg.grpo.value_coef) == (0.2, 0.01, 0.5)
-    assert (cfg.grpo.gamma, cfg.grpo.lam) == (0.99, 0.95)
+    # γ = 1: an outcome reward at the last token is not discounted over long turns (the seeds' 0.99 is settable).
+    assert (cfg.grpo.gamma, cfg.grpo.lam) == (1.0, 0.95)
+    assert Config.load(profile=None, overrides=["grpo.gamma=0.99"]).grpo.gamma == 0.99
     assert cfg.optim.lr == 5e-6
     assert cfg.optim.warmup_steps > 0
-    assert cfg.run.ref_sync_every == 100
+    assert (cfg.reference.every, cfg.reference.ema, cfg.grpo.tis) == (0, 0.0, None)
     assert cfg.model.name == "tiny"
 
 
@@ -125,13 +127,39 @@ def test_two_tools_sources_in_one_layer_are_rejected() -> None:
         ("grpo.estimator=ppo", "grpo.estimator: got 'ppo'; expected one of"),
         ("env.max_turns_by_difficulty.expert=3", "env.max_turns_by_difficulty: needs exactly the keys"),
         ("run.name=a/b", "run.name: expected a directory name"),
-        ("grpo.kl_in_reward=true", "grpo.kl_in_reward: true is not implemented"),
+        (
+            "grpo.kl_in_reward=true",
+            "grpo.kl_in_reward: true needs per-token rewards \\(grpo.estimator=gae\\)",
+        ),
+        ("reference.ema=0.5", "reference.ema: 0.5 has no effect with reference.every=0"),
+        ("reference.every=5", "reference.every: no reference policy exists with grpo.kl_coef=0"),
+        ("reference.ema=1.5", "reference.ema"),
+        ("grpo.tis=0", "grpo.tis"),
         ("grpo", "expected section.key=value"),
     ],
 )
 def test_bad_keys_and_values_name_the_key_and_the_expectation(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Config.load(overrides=[override])
+
+
+def test_reference_and_kl_in_reward_are_refused_where_they_cannot_apply() -> None:
+    with pytest.raises(ConfigError, match="a LoRA run's reference is the base model"):
+        Config.load(overrides=["grpo.kl_coef=0.01", "lora={}", "reference.every=5"])
+    with pytest.raises(ConfigError, match=r"grpo.kl_in_reward: true needs grpo.kl_coef > 0"):
+        Config.load(overrides=["grpo.estimator=gae", "grpo.kl_in_reward=true"])
+    gae = Config.load(
+        overrides=[
+            "grpo.estimator=gae",
+            "model.value_head=true",
+            "grpo.kl_in_reward=true",
+            "grpo.kl_coef=0.05",
+        ]
+    )
+    assert gae.grpo.kl_in_reward
+    ema = Config.load(overrides=["grpo.kl_coef=0.01", "reference.every=5", "reference.ema=0.9"])
+    assert (ema.reference.every, ema.reference.ema) == (5, 0.9)
+    assert Config.load(profile="a100x2").reference.every == 100
 
 
 def test_unknown_profile_suggests_the_nearest() -> None:

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import random
+from collections.abc import Callable
 
 import attrs
 import pytest
 import torch
 
 from mcprl_env import Episode, EpisodeGroup, Task
-from mcprl_policy import Policy
+from mcprl_policy import Policy, ReferencePolicy
 from mcprl_train.config import Config
-from mcprl_train.errors import RatioHealthError
+from mcprl_train.errors import CheckpointError, RatioHealthError
 from mcprl_train.loop.learner import Learner, check_ratio_health, split_minibatches
-from mcprl_train.loop.samples import MicroBatch, episode_sample, pack_indices
+from mcprl_train.loop.samples import MicroBatch, episode_sample, micro_batch, pack_indices
 from mcprl_train.typed_torch import manual_seed, tensor_list
 
 
@@ -214,3 +216,204 @@ def test_packing_respects_the_budget_and_keeps_every_sequence() -> None:
     assert pack_indices([20], 8) == [[0]]
     parts = split_minibatches(7, 3, random.Random(0))
     assert sorted(i for p in parts for i in p) == list(range(7))
+
+
+def shifted_sampler(groups: list[EpisodeGroup], shift: Callable[[int], float]) -> list[EpisodeGroup]:
+    """The groups with the sampler's logprob of policy token ``t`` of each episode lowered by ``shift(t)``."""
+    out: list[EpisodeGroup] = []
+    for g in groups:
+        episodes = [
+            attrs.evolve(
+                e,
+                sampler_logprobs=[
+                    x - shift(t) if m else x
+                    for t, (x, m) in enumerate(zip(e.sampler_logprobs, e.loss_mask, strict=True))
+                ],
+            )
+            for e in g.episodes
+        ]
+        out.append(attrs.evolve(g, episodes=episodes))
+    return out
+
+
+def test_mismatch_is_measured_against_the_sampler_logprobs_the_episodes_carry(policy_state: Policy) -> None:
+    policy = fresh_policy(policy_state)
+    learner = Learner(
+        policy=policy,
+        config=config("grpo.old_logprobs=recompute", "grpo.minibatches=1"),
+        total_steps=10,
+        seed=0,
+    )
+    samples, _ = learner.prepare(make_groups(policy))
+    same = learner.update(samples)
+    # The sampler logprobs are the policy's own: the learner's recompute agrees up to float error.
+    assert same["mismatch/logprob_abs_diff_max"] < 1e-4
+    assert same["mismatch/tokens"] == sum(int(s.action_mask.sum()) for s in samples)
+
+    policy = fresh_policy(policy_state)
+    learner = Learner(
+        policy=policy,
+        config=config("grpo.old_logprobs=recompute", "grpo.minibatches=1"),
+        total_steps=10,
+        seed=0,
+    )
+    samples, _ = learner.prepare(shifted_sampler(make_groups(policy), lambda t: 0.3))
+    got = learner.update(samples)
+    # log ρ = log π_learner - log π_sampler = 0.3 on every policy token: k1 = -0.3, k3 = e^0.3 - 1 - 0.3.
+    assert got["mismatch/logprob_abs_diff_mean"] == pytest.approx(0.3, abs=1e-4)
+    assert got["mismatch/logprob_abs_diff_max"] == pytest.approx(0.3, abs=1e-4)
+    assert got["mismatch/kl_k1"] == pytest.approx(-0.3, abs=1e-4)
+    assert got["mismatch/kl_k3"] == pytest.approx(math.exp(0.3) - 1.3, abs=1e-4)
+    assert "mismatch/tis_capped_frac" not in got
+
+
+def test_mismatch_is_measured_by_the_single_pass_when_nothing_is_recomputed(policy_state: Policy) -> None:
+    policy = fresh_policy(policy_state)
+    learner = Learner(policy=policy, config=config("grpo.minibatches=1"), total_steps=10, seed=0)
+    assert not learner.recompute_old
+    samples, _ = learner.prepare(shifted_sampler(make_groups(policy), lambda t: 0.3))
+    got = learner.update(samples)
+    # The only pass's forward precedes the optimizer step: it is the learner's π_old, 0.3 above the sampler.
+    assert got["mismatch/logprob_abs_diff_mean"] == pytest.approx(0.3, abs=1e-4)
+    assert got["mismatch/kl_k3"] == pytest.approx(math.exp(0.3) - 1.3, abs=1e-4)
+    assert got["mismatch/tokens"] == sum(int(s.action_mask.sum()) for s in samples)
+
+
+def test_tis_weights_the_policy_gradient_loss_by_the_truncated_learner_sampler_ratio(
+    policy_state: Policy,
+) -> None:
+    policy = fresh_policy(policy_state)
+    cap = 1.5
+    learner = Learner(
+        policy=policy, config=config(f"grpo.tis={cap}", "grpo.minibatches=1"), total_steps=10, seed=0
+    )
+    assert learner.recompute_old  # TIS compares the learner's own π_old with the sampler's
+    seen: list[tuple[MicroBatch, dict[str, float]]] = []
+    original = learner.micro_step
+
+    def spy(m: MicroBatch, normalizer: torch.Tensor) -> dict[str, float]:
+        stats = original(m, normalizer)
+        seen.append((m, stats))
+        return stats
+
+    learner.micro_step = spy  # type: ignore[method-assign]
+    # Sampler logprobs off by -0.8 … +0.8 along each turn: ratios π_learner/π_sampler in [e^-0.8, e^0.8].
+    samples, _ = learner.prepare(shifted_sampler(make_groups(policy), lambda t: 0.8 * math.sin(t)))
+    metrics = learner.update(samples)
+    assert 0.0 < metrics["mismatch/tis_capped_frac"] < 1.0
+    for m, stats in seen:
+        mask = m.mask
+        ratio = torch.exp(m.old - m.sampler)
+        want = torch.where(mask, torch.clamp(ratio, max=cap), torch.ones_like(ratio))
+        assert m.tis is not None
+        torch.testing.assert_close(m.tis, want)
+        # One minibatch, one epoch: the new policy is the old one, the clipped surrogate is -A per token, and
+        # TIS multiplies it by w (verl: pg_losses * rollout_is_weights).
+        weighted = (-m.adv * want)[mask]
+        assert stats["loss/policy"] == pytest.approx(float(weighted.mean()), rel=1e-4, abs=1e-6)
+
+
+def test_kl_in_reward_penalises_the_token_rewards_before_gae(policy_state: Policy) -> None:
+    policy = fresh_policy(policy_state)
+    reference = ReferencePolicy.for_policy(fresh_policy(policy_state))
+    assert reference.frozen is not None
+    with torch.no_grad():
+        for p in reference.frozen.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # a reference that disagrees with the policy
+    beta = 0.5
+    cfg = config(
+        "model.value_head=true",
+        "grpo.estimator=gae",
+        "grpo.gamma=1.0",
+        "grpo.lam=1.0",
+        "grpo.kl_in_reward=true",
+        f"grpo.kl_coef={beta}",
+        "grpo.kl_estimator=k1",
+    )
+    learner = Learner(policy=policy, config=cfg, total_steps=10, seed=0, reference=reference)
+    samples, _ = learner.prepare(make_groups(policy))
+    micros = [micro_batch(b) for b in learner.pack(samples)]
+    metrics = learner.recompute(micros)
+    penalties: list[float] = []
+    for m in micros:
+        assert m.ref is not None
+        assert m.old_values is not None
+        for i, (s, start) in enumerate(zip(m.samples, [0, *itertools.accumulate(m.lengths)], strict=False)):
+            n = m.lengths[i]
+            old = tensor_list(m.old[start : start + n], float)
+            ref = tensor_list(m.ref[start : start + n], float)
+            values = tensor_list(m.old_values[start : start + n], float)
+            policy_tokens = [t for t in range(n) if bool(s.action_mask[t])]
+            # InstructGPT eq. 2 with k1: r_t = [outcome at the last policy token] - β (log π_old - log π_ref).
+            rewards = {t: -beta * (old[t] - ref[t]) for t in policy_tokens}
+            rewards[policy_tokens[-1]] += s.reward
+            penalties.append(sum(beta * (old[t] - ref[t]) for t in policy_tokens))
+            # γ = λ = 1: Â_t = Σ_{k ≥ t} r_k - V_t over policy tokens.
+            for k, t in enumerate(policy_tokens):
+                want = sum(rewards[u] for u in policy_tokens[k:]) - values[t]
+                assert float(m.adv[start + t]) == pytest.approx(want, abs=1e-4)
+    assert metrics["kl/reward_penalty"] == pytest.approx(sum(penalties) / len(penalties), abs=1e-5)
+    assert abs(metrics["kl/reward_penalty"]) > 1e-3
+    assert "loss/kl" not in learner.update_micro_batches(micros)  # the KL is in the reward, not the loss
+
+
+def test_ema_reference_moves_by_the_formula_every_n_steps(policy_state: Policy) -> None:
+    policy = fresh_policy(policy_state)
+    ema, every = 0.75, 2
+    cfg = config(
+        "grpo.kl_coef=0.01", f"reference.every={every}", f"reference.ema={ema}", "grpo.minibatches=1"
+    )
+    reference = ReferencePolicy.for_policy(policy)
+    learner = Learner(policy=policy, config=cfg, total_steps=10, seed=0, reference=reference)
+    assert reference.frozen is not None
+    want = {k: v.clone() for k, v in reference.frozen.state_dict().items()}
+    for step in range(1, 6):
+        samples, _ = learner.prepare(make_groups(policy, seed=step))
+        learner.update(samples)
+        learner.step_reference(step)
+        if step % every == 0:
+            current = policy.model.state_dict()
+            want = {k: ema * v + (1 - ema) * current[k] for k, v in want.items()}
+        for name, tensor in reference.frozen.state_dict().items():
+            torch.testing.assert_close(tensor, want[name], msg=f"step {step}: {name}")
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(
+            reference.frozen.state_dict().values(), policy.model.state_dict().values(), strict=True
+        )
+    )
+
+
+def test_learner_state_carries_the_moved_reference(policy_state: Policy) -> None:
+    cfg = config("grpo.kl_coef=0.01", "reference.every=1", "reference.ema=0.5", "grpo.minibatches=1")
+    policy = fresh_policy(policy_state)
+    learner = Learner(
+        policy=policy, config=cfg, total_steps=10, seed=0, reference=ReferencePolicy.for_policy(policy)
+    )
+    samples, _ = learner.prepare(make_groups(policy))
+    learner.update(samples)
+    learner.step_reference(1)
+    state = learner.state_dict()
+    # A resumed run builds its reference from the restored policy, then loads the saved one over it.
+    restored = fresh_policy(policy)
+    other = Learner(
+        policy=restored, config=cfg, total_steps=10, seed=0, reference=ReferencePolicy.for_policy(restored)
+    )
+    assert learner.reference is not None
+    assert other.reference is not None
+    seqs = [tensor_list(s.token_ids, int) for s in samples[:2]]
+    moved = learner.reference.logprobs(seqs).logprobs
+    assert (other.reference.logprobs(seqs).logprobs - moved).abs().max() > 1e-5
+    other.load_state_dict(state)
+    assert other.reference is not None
+    assert other.reference.frozen is not None
+    assert learner.reference.frozen is not None
+    for a, b in zip(
+        other.reference.frozen.state_dict().values(),
+        learner.reference.frozen.state_dict().values(),
+        strict=True,
+    ):
+        assert torch.equal(a, b)
+    without = {k: v for k, v in state.items() if k != "reference"}
+    with pytest.raises(CheckpointError, match="no reference weights"):
+        other.load_state_dict(without)

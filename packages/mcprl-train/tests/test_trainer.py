@@ -138,6 +138,62 @@ def test_resume_continues_exactly_where_an_uninterrupted_run_would(tmp_path: Pat
     assert len(keys) == len(set(keys)) == 3 * 2 * 2
 
 
+def reference_of(trainer: Trainer) -> list[torch.Tensor]:
+    assert trainer.learner is not None
+    assert trainer.learner.reference is not None
+    assert trainer.learner.reference.frozen is not None
+    return [t.detach().clone() for t in trainer.learner.reference.frozen.state_dict().values()]
+
+
+class ReferenceRecorder(Recorder):
+    """Also records the EMA reference's weights after each step and before each rollout."""
+
+    def __init__(self, *, stop_after_checkpoint: int | None = None) -> None:
+        super().__init__(stop_after_checkpoint=stop_after_checkpoint)
+        self.reference: dict[int, list[torch.Tensor]] = {}
+        self.reference_before: dict[int, list[torch.Tensor]] = {}
+        self.policy_before: dict[int, list[torch.Tensor]] = {}
+
+    def __call__(self, event: str, trainer: Trainer) -> None:
+        if event == "before_rollout":
+            self.reference_before[trainer.state.step + 1] = reference_of(trainer)
+            model = trainer.policy.model.state_dict().values()
+            self.policy_before[trainer.state.step + 1] = [t.detach().clone() for t in model]
+        elif event == "after_step":
+            self.reference[trainer.state.step] = reference_of(trainer)
+        super().__call__(event, trainer)
+
+
+def test_resume_continues_with_the_same_ema_reference(tmp_path: Path) -> None:
+    tasks = task_file(tmp_path)
+    ema = ("grpo.kl_coef=0.05", "reference.every=1", "reference.ema=0.5", "eval.every=0")
+    straight = ReferenceRecorder()
+    cfg = make_config(tmp_path, "straight", tasks, *ema)
+    Trainer(cfg, RunDir.create(cfg), hooks=(straight,)).run()
+    # GRPO starts with the warm-started policy as its reference, which then moves at every step.
+    for a, b in zip(straight.reference_before[1], straight.policy_before[1], strict=True):
+        assert torch.equal(a, b)
+    assert not all(
+        torch.equal(a, b) for a, b in zip(straight.reference[1], straight.reference[2], strict=True)
+    )
+
+    first = ReferenceRecorder(stop_after_checkpoint=2)
+    cfg_b = make_config(tmp_path, "cut", tasks, *ema)
+    run_b = RunDir.create(cfg_b)
+    with pytest.raises(Interrupted):
+        Trainer(cfg_b, run_b, hooks=(first,)).run()
+    resumed = ReferenceRecorder()
+    Trainer(cfg_b, RunDir.open(run_b.path), resume=True, hooks=(resumed,)).run()
+
+    # The resumed run starts from the reference the interrupted one had, not a copy of the restored policy.
+    for a, b in zip(resumed.reference_before[3], straight.reference[2], strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(resumed.reference[3], straight.reference[3], strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(resumed.params[3], straight.params[3], strict=True):
+        assert torch.equal(a, b)
+
+
 def test_run_directory_holds_config_metrics_trajectories_checkpoints_and_summary(tmp_path: Path) -> None:
     tasks = task_file(tmp_path)
     cfg = make_config(tmp_path, "files", tasks, "run.steps=1", "eval.every=0")

@@ -29,7 +29,14 @@ if TYPE_CHECKING:
     )
     from mcprl_grpo.aggregate import aggregate_loss, aggregation_normalizer
     from mcprl_grpo.gae import gae_advantages, rewards_at_last_token
-    from mcprl_grpo.importance import gspo_token_ratios, log_ratio, sequence_ratios, tis_weights, token_ratios
+    from mcprl_grpo.importance import (
+        gspo_token_ratios,
+        log_ratio,
+        mismatch_metrics,
+        sequence_ratios,
+        tis_weights,
+        token_ratios,
+    )
     from mcprl_grpo.kl import kl_loss, kl_penalty_rewards, token_kl
     from mcprl_grpo.logprobs import entropy_from_logits, token_logprobs
     from mcprl_grpo.losses import clipped_surrogate_loss, entropy_loss, value_loss
@@ -76,6 +83,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "mismatch_metrics",
     "ratio_metrics",
     "rewards_at_last_token",
     "sequence_ratios",
@@ -101,6 +109,7 @@ _LAZY: dict[str, str] = {
     "rewards_at_last_token": "gae",
     "gspo_token_ratios": "importance",
     "log_ratio": "importance",
+    "mismatch_metrics": "importance",
     "sequence_ratios": "importance",
     "tis_weights": "importance",
     "token_ratios": "importance",

@@ -16,6 +16,8 @@ from mcprl_grpo._checks import as_float, as_mask, check_float, check_positive, c
 from mcprl_grpo._segments import segment_sum, segments
 from mcprl_grpo.choices import RatioLevel as RatioLevel
 from mcprl_grpo.choices import TISMode as TISMode
+from mcprl_grpo.kl import token_kl
+from mcprl_grpo.masked import masked_mean
 
 
 def log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -146,3 +148,54 @@ def tis_weights(
             assert_never(mode)
     m = as_mask("mask", mask, "old_logprobs", old_logprobs)
     return torch.where(m, w, torch.ones_like(w)).detach()
+
+
+def mismatch_metrics(
+    old_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cap: float | None = None,
+) -> dict[str, float]:
+    """How far the trainer's ``π_old`` is from the sampler that produced the tokens (no gradient).
+
+    The tokens were drawn from the sampler, so ``KL(π_sampler‖π_trainer)`` is estimated on them with
+    Schulman 2020 ("Approximating KL Divergence") taking the sampler as the sampling policy: with
+    ``log ρ = log π_trainer(y) - log π_sampler(y)``, ``k1 = -log ρ`` (unbiased, can be negative) and
+    ``k3 = (ρ - 1) - log ρ`` (unbiased, ≥ 0). These are the ``kl``/``k3_kl`` of verl's rollout-correction
+    metrics (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training").
+
+    Args:
+        old_logprobs: ``(B, T)``/``(L,)`` trainer log-probabilities of the sampled tokens before the update.
+        sampler_logprobs: Same shape; the sampler's log-probabilities.
+        mask: Same shape; bool or 0/1.
+        cap: The TIS cap C when truncation is on: adds the fraction of tokens whose ratio exceeds it and the
+            mean truncated weight (`tis_weights`).
+
+    Returns:
+        ``mismatch/logprob_abs_diff_mean``, ``mismatch/logprob_abs_diff_max`` (over masked tokens; 0 when none),
+        ``mismatch/kl_k1``, ``mismatch/kl_k3`` (token means), ``mismatch/tokens``, and with ``cap``
+        ``mismatch/tis_capped_frac`` and ``mismatch/tis_weight_mean``.
+    """
+    m = as_mask("mask", mask, "old_logprobs", old_logprobs)
+    with torch.no_grad():
+        lr = log_ratio(old_logprobs.detach(), sampler_logprobs, m)
+        diff = lr.abs()
+        out = {
+            "mismatch/logprob_abs_diff_mean": float(masked_mean(diff, m)),
+            "mismatch/logprob_abs_diff_max": float(diff.max()) if diff.numel() else 0.0,
+            "mismatch/kl_k1": float(
+                masked_mean(token_kl(sampler_logprobs, old_logprobs, m, estimator="k1"), m)
+            ),
+            "mismatch/kl_k3": float(
+                masked_mean(token_kl(sampler_logprobs, old_logprobs, m, estimator="k3"), m)
+            ),
+            "mismatch/tokens": float(m.sum()),
+        }
+        if cap is not None:
+            check_positive("cap", cap)
+            out["mismatch/tis_capped_frac"] = float(masked_mean((torch.exp(lr) > cap).to(lr.dtype), m))
+            out["mismatch/tis_weight_mean"] = float(
+                masked_mean(tis_weights(old_logprobs, sampler_logprobs, m, cap=cap), m)
+            )
+    return out

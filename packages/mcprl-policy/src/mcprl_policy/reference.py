@@ -2,7 +2,9 @@
 
 For a full fine-tune the copy can follow the policy as an exponential moving average (``update(ema=β)``:
 ``ref ← β·ref + (1-β)·policy``) or be re-synced periodically (``sync()``). Only floating-point tensors are
-averaged or copied; integer buffers (e.g. quantisation state) are left alone.
+averaged or copied; integer buffers (e.g. quantisation state) are left alone. A copy that moved away from the
+weights it was made from is checkpointed with `state_dict` and restored with `load_state_dict`, so a resumed run
+continues with the same reference.
 """
 
 from __future__ import annotations
@@ -77,6 +79,33 @@ class ReferencePolicy:
             if target.is_floating_point() and target.data_ptr() not in done:
                 done.add(target.data_ptr())
                 target.mul_(ema).add_(source[name].to(target.dtype), alpha=1.0 - ema)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The copy's tensors, detached clones on the CPU (full fine-tune only)."""
+        frozen = self._require_copy("state_dict")
+        return {name: t.detach().to("cpu", copy=True) for name, t in frozen.state_dict().items()}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what `state_dict` returned (full fine-tune only).
+
+        Raises:
+            PolicyError: a LoRA reference, or tensors that do not match the copy's names and shapes.
+        """
+        frozen = self._require_copy("load_state_dict")
+        own = frozen.state_dict()
+        if own.keys() != state.keys():
+            missing, extra = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
+            raise PolicyError(
+                f"reference state does not match the model: missing {missing[:5]}, unexpected {extra[:5]}"
+            )
+        for name, target in own.items():
+            if target.shape != state[name].shape:
+                raise PolicyError(
+                    f"reference state {name!r}: shape {tuple(state[name].shape)}, the model has "
+                    f"{tuple(target.shape)}"
+                )
+            target.copy_(state[name])
 
     def sync(self) -> None:
         """Copy the policy's current floating-point weights into the reference (full fine-tune only)."""

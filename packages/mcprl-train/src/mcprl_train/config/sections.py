@@ -27,6 +27,7 @@ __all__ = [
     "ModelConfig",
     "OfflineServers",
     "OptimConfig",
+    "ReferenceConfig",
     "RunConfig",
     "SFTConfig",
     "SamplerConfig",
@@ -248,10 +249,12 @@ class GRPOConfig:
         dual_clip: Dual-clip bound c for negative advantages (Ye et al. 2020); None disables it.
         kl_coef: KL coefficient β against the reference policy.
         kl_estimator: k1/k2/k3 (Schulman 2020, "Approximating KL divergence").
-        kl_in_reward: Subtract β·KL from the reward instead of adding it to the loss (not implemented yet:
-            ``true`` is refused, so the key never silently does nothing).
+        kl_in_reward: Subtract ``kl_coef``·KL(π_old‖π_ref) per token from the token-level reward before GAE
+            (`mcprl_grpo.kl_penalty_rewards`, as verl's ``apply_kl_penalty``) instead of adding the KL term to the
+            loss. ``gae`` only: the group estimators take one scalar outcome reward per episode.
         value_coef: Weight of the (clipped) value loss (``gae`` only).
-        gamma: Discount γ (GAE).
+        gamma: Discount γ (GAE), once per policy token; 1.0 leaves an outcome reward undiscounted over long
+            turns (the seeds' 0.99 is still settable).
         lam: GAE λ.
         entropy_coef: Entropy bonus weight.
         aggregation: How per-token losses are reduced (`mcprl_grpo.aggregate_loss`;
@@ -261,9 +264,12 @@ class GRPOConfig:
         filter_zero_std: Drop groups whose rewards are all equal and back-fill with fresh groups.
         backfill_rounds: Extra collection rounds per step that replace filtered groups (0 = no back-fill).
         old_logprobs: ``sampler``: the sampler's logprobs are the old policy's (one update per batch);
-            ``recompute``: a no-grad trainer forward before the update (forced when ppo_epochs × minibatches > 1
-            or with ``gae``, so the ratio health check compares like with like).
+            ``recompute``: a no-grad trainer forward before the update (forced when ppo_epochs × minibatches > 1,
+            with ``gae`` or with ``tis``).
         value_clip: Clip range of the value loss around the old values (``gae``).
+        tis: Truncated importance sampling cap C against sampler/learner mismatch (Yao et al. 2025): the
+            policy-gradient loss of each token is multiplied by ``min(π_learner_old/π_sampler, C)``; None: off.
+            Forces the recompute of old logprobs (the learner's ``π_old`` is what the sampler is compared with).
     """
 
     group_size: int = attrs.field(default=8, validator=v.ge(2))
@@ -276,7 +282,7 @@ class GRPOConfig:
     kl_estimator: KLEstimator = "k3"
     kl_in_reward: bool = False
     value_coef: float = attrs.field(default=0.5, validator=v.ge(0.0))
-    gamma: float = attrs.field(default=0.99, validator=[v.ge(0.0), v.le(1.0)])
+    gamma: float = attrs.field(default=1.0, validator=[v.ge(0.0), v.le(1.0)])
     lam: float = attrs.field(default=0.95, validator=[v.ge(0.0), v.le(1.0)])
     entropy_coef: float = attrs.field(default=0.0, validator=v.ge(0.0))
     aggregation: AggregationMode = "token-mean"
@@ -286,6 +292,20 @@ class GRPOConfig:
     backfill_rounds: int = attrs.field(default=1, validator=v.ge(0))
     old_logprobs: Literal["sampler", "recompute"] = "sampler"
     value_clip: float = attrs.field(default=0.2, validator=v.gt(0.0))
+    tis: float | None = attrs.field(default=None, validator=v.optional(v.gt(0.0)))
+
+
+@attrs.frozen(kw_only=True)
+class ReferenceConfig:
+    """How the KL reference of a full fine-tune follows the policy (`mcprl_policy.ReferencePolicy.update`).
+
+    Every ``every`` GRPO steps ``ref ← ema·ref + (1-ema)·policy``: ``ema=0`` re-syncs the reference to the
+    policy, ``ema`` near 1 moves it slowly. ``every=0`` keeps the initial reference for the whole run. A LoRA
+    reference is the base model with adapters disabled and cannot follow the policy.
+    """
+
+    ema: float = attrs.field(default=0.0, validator=[v.ge(0.0), v.le(1.0)])
+    every: int = attrs.field(default=0, validator=v.ge(0))
 
 
 @attrs.frozen(kw_only=True)
@@ -357,7 +377,6 @@ class RunConfig:
         seed: Seed of python/torch RNGs, task shuffling and sampling.
         steps: Training steps (one step = collect ``tasks_per_step`` groups + learn).
         max_invalid_rate: Abort when more than this fraction of a step's episodes are invalid (infra faults).
-        ref_sync_every: Copy the policy into the reference every N steps (full fine-tune; 0 = never).
         checkpoint_every: Steps between checkpoints (0 = only at the end).
         keep_checkpoints: Number of checkpoints kept (oldest removed first).
         rollout_retries: Re-runs of a group that lost most episodes to infrastructure faults.
@@ -368,7 +387,6 @@ class RunConfig:
     seed: int = 0
     steps: int = attrs.field(default=100, validator=v.ge(0))
     max_invalid_rate: float = attrs.field(default=0.2, validator=[v.ge(0.0), v.le(1.0)])
-    ref_sync_every: int = attrs.field(default=100, validator=v.ge(0))
     checkpoint_every: int = attrs.field(default=10, validator=v.ge(0))
     keep_checkpoints: int = attrs.field(default=3, validator=v.ge(1))
     rollout_retries: int = attrs.field(default=1, validator=v.ge(0))

@@ -49,6 +49,7 @@ from mcprl_train.config.sections import (
     GRPOConfig,
     ModelConfig,
     OptimConfig,
+    ReferenceConfig,
     RunConfig,
     SamplerConfig,
     SFTConfig,
@@ -85,6 +86,7 @@ class Config:
     env: EnvConfig = attrs.field(factory=EnvConfig)
     collection: CollectionConfig = attrs.field(factory=CollectionConfig)
     grpo: GRPOConfig = attrs.field(factory=GRPOConfig)
+    reference: ReferenceConfig = attrs.field(factory=ReferenceConfig)
     optim: OptimConfig = attrs.field(factory=OptimConfig)
     sft: SFTConfig = attrs.field(factory=SFTConfig)
     eval: EvalConfig = attrs.field(factory=EvalConfig)
@@ -108,15 +110,37 @@ class Config:
                 f"sampling.seed: got {self.sampling.seed!r}; expected null (the sampler's seed is derived per "
                 "step from run.seed: set run.seed)"
             )
-        if self.grpo.kl_in_reward:
-            raise ConfigError(
-                "grpo.kl_in_reward: true is not implemented: the learner adds the KL term to the loss "
-                "(grpo.kl_coef, grpo.kl_estimator); set grpo.kl_in_reward=false"
-            )
+        self._check_kl_and_reference()
         if self.grpo.estimator == "gae" and not self.model.value_head:
             raise ConfigError("grpo.estimator: 'gae' needs model.value_head=true")
         if self.distributed.backend == "none" and self.distributed.zero_stage != 0:
             raise ConfigError("distributed.zero_stage: a ZeRO stage needs distributed.backend=deepspeed")
+
+    def _check_kl_and_reference(self) -> None:
+        grpo, ref = self.grpo, self.reference
+        if grpo.kl_in_reward and grpo.estimator != "gae":
+            raise ConfigError(
+                f"grpo.kl_in_reward: true needs per-token rewards (grpo.estimator=gae); the {grpo.estimator!r} "
+                "estimator takes one outcome reward per episode: keep the KL in the loss (grpo.kl_in_reward=false "
+                "with grpo.kl_coef > 0)"
+            )
+        if grpo.kl_in_reward and grpo.kl_coef <= 0:
+            raise ConfigError("grpo.kl_in_reward: true needs grpo.kl_coef > 0 (the penalty's β)")
+        if ref.ema > 0 and ref.every == 0:
+            raise ConfigError(
+                f"reference.ema: {ref.ema} has no effect with reference.every=0 (the reference never moves); "
+                "set reference.every"
+            )
+        if ref.every > 0 and grpo.kl_coef <= 0:
+            raise ConfigError(
+                "reference.every: no reference policy exists with grpo.kl_coef=0; set grpo.kl_coef > 0 or "
+                "reference.every=0"
+            )
+        if ref.every > 0 and self.lora is not None:
+            raise ConfigError(
+                "reference.every: a LoRA run's reference is the base model with the adapters disabled and cannot "
+                "follow the policy by EMA or re-sync; set reference.every=0 (or lora=null for a full fine-tune)"
+            )
 
     @classmethod
     def load(

@@ -4,7 +4,8 @@ The math (advantages, GAE, clipped surrogate, KL, value loss, aggregation, ratio
 forward pass over packed sequences is mcprl-policy's. This module owns the orchestration around them:
 training targets from episodes, zero-variance filtering, one packing per iteration reused by every pass,
 minibatches × PPO epochs, gradient accumulation over micro-batches with a global normaliser (so the split
-never changes the objective), the scheduler, reference sync, and the ratio-health check: ratios that stay
+never changes the objective), the scheduler, the reference's EMA/re-sync (`reference.every`), truncated importance
+weights against the sampler (`grpo.tis`), and the ratio-health check: ratios that stay
 exactly 1 after an optimizer step stop the run with a diagnosis (no gradient reached the trainable parameters)
 instead of being papered over.
 
@@ -32,11 +33,9 @@ from mcprl_grpo import (
     clip_metrics,
     clipped_surrogate_loss,
     entropy_loss,
-    gae_advantages,
     group_advantages,
     group_metrics,
     ratio_metrics,
-    rewards_at_last_token,
     token_kl,
     value_loss,
     value_metrics,
@@ -45,8 +44,9 @@ from mcprl_grpo import (
 from mcprl_policy import PackedForward, Policy, ReferencePolicy
 from mcprl_train import collectives
 from mcprl_train.config import Config
-from mcprl_train.errors import RatioHealthError
+from mcprl_train.errors import CheckpointError, RatioHealthError
 from mcprl_train.loop.samples import MicroBatch, Sample, episode_sample, micro_batch, pack_indices
+from mcprl_train.loop.targets import kl_reward_metrics, old_policy_targets, sampler_mismatch
 from mcprl_train.loop.update import TorchBackend, UpdateBackend
 from mcprl_train.typed_torch import tensor_list
 
@@ -115,15 +115,11 @@ def mean_over_ranks(learned: dict[str, float]) -> dict[str, float]:
     """An update's metrics averaged over the data-parallel ranks (maxima and totals where those are meant)."""
     metrics = collectives.mean_metrics(
         learned,
-        maxed=("ratio/max_abs_dev",),
-        summed=("perf/train_tokens", "perf/micro_batches", "perf/filler_sequences"),
+        maxed=("ratio/max_abs_dev", "mismatch/logprob_abs_diff_max"),
+        summed=("perf/train_tokens", "perf/micro_batches", "perf/filler_sequences", "mismatch/tokens"),
     )
     metrics["perf/world_size"] = float(collectives.world_size())
     return metrics
-
-
-def _padded(parts: Sequence[torch.Tensor], fill: float | bool) -> torch.Tensor:
-    return torch.nn.utils.rnn.pad_sequence(list(parts), batch_first=True, padding_value=fill)
 
 
 class Learner:
@@ -134,7 +130,8 @@ class Learner:
         config: The run config (reads `grpo`, `optim`, `sampling.temperature`, `env.max_total_tokens`).
         total_steps: Training steps, for the LR schedule.
         seed: Seed of the minibatch shuffling (the same on every rank).
-        reference: The KL reference (needed when `grpo.kl_coef > 0`).
+        reference: The KL reference (needed when `grpo.kl_coef > 0`); it follows the policy as `reference`
+            says (`step_reference`) and is part of `state_dict` when it is a copy.
         backend: Where the update runs; None: `TorchBackend` in this process.
     """
 
@@ -150,6 +147,7 @@ class Learner:
     ) -> None:
         self.policy = policy
         self.grpo = config.grpo
+        self.reference_cfg = config.reference
         self.optim_cfg = config.optim
         self.temperature = float(config.sampling.temperature)
         self.max_total_tokens = int(config.env.max_total_tokens)
@@ -170,26 +168,50 @@ class Learner:
 
     @property
     def recompute_old(self) -> bool:
-        """Old logprobs from a trainer forward: several updates per batch, GAE, or asked for."""
+        """Old logprobs from a trainer forward: several updates per batch, GAE, TIS, or asked for."""
         many = self.grpo.ppo_epochs * self.grpo.minibatches > 1
-        return many or self.needs_values or self.grpo.old_logprobs == "recompute"
+        asked = self.grpo.old_logprobs == "recompute" or self.grpo.tis is not None
+        return many or self.needs_values or asked
+
+    @property
+    def reference_copy(self) -> ReferencePolicy | None:
+        """The reference when it is a copy of its own (full fine-tune), which checkpoints must carry."""
+        if self.reference is None or self.reference.shares_weights:
+            return None
+        return self.reference
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             **self.backend.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rng": self.rng.getstate(),
         }
+        if (ref := self.reference_copy) is not None:
+            state["reference"] = ref.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.backend.load_state_dict(state)
         self.scheduler.load_state_dict(state["scheduler"])
         self.rng.setstate(state["rng"])
+        if (ref := self.reference_copy) is not None:
+            if "reference" not in state:
+                raise CheckpointError(
+                    "the checkpoint's learner state has no reference weights but this run's reference is a copy "
+                    "(grpo.kl_coef > 0, full fine-tune): it was saved by a run without a reference copy"
+                )
+            ref.load_state_dict(state["reference"])
 
     def sync_reference(self) -> None:
         """Copy the current weights into the reference policy (full fine-tune; no-op for LoRA references)."""
         if self.reference is not None and not self.reference.shares_weights:
             self.reference.sync()
+
+    def step_reference(self, step: int) -> None:
+        """After GRPO step ``step``: ``ref ← ema·ref + (1-ema)·policy`` every `reference.every` steps."""
+        every = self.reference_cfg.every
+        if self.reference is not None and every and step % every == 0:
+            self.reference.update(ema=self.reference_cfg.ema)
 
     # -- advantages --------------------------------------------------------------------------------------
 
@@ -239,29 +261,19 @@ class Learner:
         return [[samples[i] for i in b] for b in pack_indices(lengths, budget)]
 
     @torch.no_grad()
-    def recompute(self, micros: Sequence[MicroBatch]) -> None:
-        """Trainer-side old logprobs (and values), reference logprobs when KL is on, GAE targets."""
+    def recompute(self, micros: Sequence[MicroBatch]) -> dict[str, float]:
+        """Reference logprobs when KL is on; the learner's old logprobs and what follows from them (`targets`).
+
+        Returns:
+            ``kl/reward_penalty`` with ``grpo.kl_in_reward`` (`mcprl_train.loop.targets.kl_reward_metrics`).
+        """
+        penalty: torch.Tensor | float = 0.0
         for m in micros:
-            if self.recompute_old:
-                out = self.forward(m)
-                m.old = out.logprobs.detach().float()
-                if self.needs_values:
-                    assert out.values is not None
-                    m.old_values = out.values.detach().float()
-                    self.gae_targets(m)
             if self.reference is not None and self.grpo.kl_coef > 0:
                 m.ref = self.reference.logprobs(m.ids, temperature=self.temperature).logprobs.float()
-
-    def gae_targets(self, m: MicroBatch) -> None:
-        """Per-token GAE advantages and returns from the old values (credit only on policy tokens)."""
-        assert m.old_values is not None
-        lens = m.lengths
-        mask = _padded([s.action_mask for s in m.samples], False)
-        values = _padded(list(torch.split(m.old_values, lens)), 0.0)
-        rewards = rewards_at_last_token(torch.tensor([s.reward for s in m.samples]), mask)
-        adv, ret = gae_advantages(rewards, values, mask, gamma=self.grpo.gamma, lam=self.grpo.lam)
-        m.adv = torch.cat([adv[i, :n] for i, n in enumerate(lens)])
-        m.returns = torch.cat([ret[i, :n] for i, n in enumerate(lens)])
+            if self.recompute_old:
+                penalty += old_policy_targets(m, self.forward(m), self.grpo, values=self.needs_values)
+        return kl_reward_metrics(micros, penalty=penalty) if self.grpo.kl_in_reward else {}
 
     def update(self, samples: Sequence[Sample]) -> dict[str, float]:
         """PPO epochs × minibatches over packed micro-batches; one scheduler step per call.
@@ -276,13 +288,13 @@ class Learner:
             return {"optim/skipped": 1.0}
         self.policy.train()
         batches, fillers = self.backend.lay_out(self.pack(samples) if samples else [])
-        metrics = self.update_micro_batches([micro_batch(b) for b in batches])
+        metrics = self.update_micro_batches([micro_batch(b, device=self.policy.device) for b in batches])
         metrics["perf/filler_sequences"] = float(fillers)
         return metrics
 
     def update_micro_batches(self, micros: list[MicroBatch]) -> dict[str, float]:
         """`update` on micro-batches already laid out."""
-        self.recompute(micros)
+        recomputed = self.recompute(micros)
         acc: dict[str, list[float]] = {}
         steps = 0
         grad_norm = float("nan")
@@ -323,20 +335,27 @@ class Learner:
         metrics["optim/steps"] = float(steps)
         metrics["perf/micro_batches"] = float(len(micros))
         metrics["perf/train_tokens"] = float(sum(len(i) for m in micros for i in m.ids))
-        return metrics
+        return metrics | recomputed | sampler_mismatch(micros, self.grpo)
 
     def micro_step(self, m: MicroBatch, normalizer: torch.Tensor) -> dict[str, float]:
         """Forward + backward of one micro-batch, aggregated with the minibatch's global normaliser."""
         g = self.grpo
         out = self.forward(m)
         new = out.logprobs.float()
+        if m.learner_old is None:
+            # Nothing was recomputed, so this is the only pass (one epoch, one minibatch): no optimizer step has
+            # run yet and this forward is the learner's π_old.
+            m.learner_old = new.detach()
         token_loss = clipped_surrogate_loss(
             new, m.old, m.adv, m.mask, eps_low=g.clip_eps_low, eps_high=g.clip_eps_high, dual_clip=g.dual_clip
         )
+        if m.tis is not None:
+            # Yao et al. 2025: the policy-gradient term only, as verl's compute_policy_loss (pg_losses * w).
+            token_loss = token_loss * m.tis
         stats: dict[str, float] = {}
         with torch.no_grad():
             stats["loss/policy"] = float(aggregate_loss(token_loss.detach(), m.mask, mode="token-mean"))
-        if m.ref is not None:
+        if m.ref is not None and not g.kl_in_reward:
             kl = token_kl(new, m.ref, m.mask, estimator=g.kl_estimator)
             token_loss = token_loss + g.kl_coef * kl
             stats["loss/kl"] = float(aggregate_loss(kl.detach(), m.mask, mode="token-mean"))

@@ -78,7 +78,12 @@ def pack_indices(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
 class MicroBatch:
     """Samples concatenated: per-token fields `(N,)` over all of them, `seq_ids` naming each token's sample.
 
-    `old`, `ref`, `old_values`, `returns` and (for GAE) `adv` are filled in before the update's passes.
+    Every tensor lives on the device the micro-batch was built for (the model's: `micro_batch`). `sampler` holds
+    the sampler's logprobs and `old` starts as them; when the learner recomputes the old logprobs it replaces
+    `old` (and `tis`, the truncated importance weights against `sampler`). `learner_old` is the learner's own
+    logprobs before the update, what the sampler's are compared with (`mismatch/*`): the recompute's, or the
+    forward of the single pass when nothing is recomputed. `ref`, `old_values`, `returns` and (for GAE) `adv`
+    are filled in before the update's passes.
     """
 
     samples: list[Sample]
@@ -87,6 +92,9 @@ class MicroBatch:
     mask: torch.Tensor
     adv: torch.Tensor
     old: torch.Tensor
+    sampler: torch.Tensor
+    tis: torch.Tensor | None = None
+    learner_old: torch.Tensor | None = None
     ref: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
@@ -96,12 +104,15 @@ class MicroBatch:
         return [len(i) for i in self.ids]
 
 
-def micro_batch(samples: list[Sample]) -> MicroBatch:
+def micro_batch(samples: list[Sample], *, device: torch.device | str = "cpu") -> MicroBatch:
+    """``samples`` concatenated, per-token tensors on ``device`` (where the forward's outputs will be)."""
+    sampler = torch.cat([s.old_logprobs for s in samples]).to(device)
     return MicroBatch(
         samples=samples,
         ids=[tensor_list(s.token_ids, int) for s in samples],
-        seq_ids=torch.cat([torch.full((s.token_ids.numel(),), i) for i, s in enumerate(samples)]),
-        mask=torch.cat([s.action_mask for s in samples]),
-        adv=torch.cat([s.advantages for s in samples]),
-        old=torch.cat([s.old_logprobs for s in samples]),
+        seq_ids=torch.cat([torch.full((s.token_ids.numel(),), i) for i, s in enumerate(samples)]).to(device),
+        mask=torch.cat([s.action_mask for s in samples]).to(device),
+        adv=torch.cat([s.advantages for s in samples]).to(device),
+        old=sampler,
+        sampler=sampler,
     )

@@ -192,6 +192,8 @@ class Trainer:
             # No evaluation of the untrained model here: it cannot call a tool; "warm_start" is the baseline.
             await self.warm_start()
             self.sync_sampler()  # the GRPO rollouts must start from the warm-started weights
+            assert self.learner is not None
+            self.learner.sync_reference()  # and the KL reference is the warm-started policy, not its init
             await self.evaluate("warm_start")
             self.state.stage = "grpo"
             self.checkpoint()
@@ -283,8 +285,7 @@ class Trainer:
         self.progress.work_done()
         metrics.update(mean_over_ranks(self.learner.update(samples)))
         self.sync_sampler()
-        if cfg.run.ref_sync_every and step % cfg.run.ref_sync_every == 0:
-            self.learner.sync_reference()
+        self.learner.step_reference(step)
         self.emit("after_update")
         t_learn = time.perf_counter() - t1
         self.state.step = step

@@ -4,7 +4,8 @@
 
 - ``reward.png``: ``rollout/reward_mean`` per training step (and ``val/reward_mean`` at evaluations),
 - ``success_rate.png``: ``rollout/success_rate`` (and ``val/success_rate``),
-- ``kl.png``: ``loss/kl`` (to the reference, when ``grpo.kl_coef`` > 0) and ``kl/approx`` (to the sampling policy),
+- ``kl.png``: ``loss/kl`` (to the reference, when ``grpo.kl_coef`` > 0), ``kl/approx`` (to the sampling policy)
+  and ``mismatch/kl_k3`` (the sampler's logprobs against the learner's recompute, when it runs),
 - ``losses.png``: every ``loss/*`` key,
 - ``eval.png``: every ``val/*`` rate (success, reward, tool error rate) against the step,
 - ``sft.png``: ``sft/loss`` and ``sft/token_acc`` per warm-start step, when the run had a warm start.
@@ -101,6 +102,7 @@ def write_plots(run_dir: RunDir) -> list[Path]:
             [
                 ("to the reference (loss/kl)", series(records, "loss/kl", kind="grpo")),
                 ("to the sampling policy (kl/approx)", series(records, "kl/approx", kind="grpo")),
+                ("sampler to learner (mismatch/kl_k3)", series(records, "mismatch/kl_k3", kind="grpo")),
             ],
         ),
         _figure(out / "losses.png", "losses", [(k, series(records, k, kind="grpo")) for k in loss_keys]),
