@@ -81,7 +81,7 @@ def qwen_tokenizer(gguf_file: Path, *, release: QwenRelease, chat_template: str)
         chat_template: The chat template, as the vendor publishes it.
 
     Raises:
-        ModelLoadError: ``gguf`` is not installed, or the file is not the Qwen2 vocabulary.
+        ModelLoadError: ``gguf`` is not installed, the file does not exist or is not the Qwen2 vocabulary.
     """
     try:
         import gguf  # noqa: F401  # pyright: ignore[reportUnusedImport]
@@ -89,6 +89,8 @@ def qwen_tokenizer(gguf_file: Path, *, release: QwenRelease, chat_template: str)
         raise ModelLoadError(
             "reading a .gguf vocabulary needs the gguf package: pip install gguf (uv sync --group test)"
         ) from exc
+    if not gguf_file.is_file():
+        raise ModelLoadError(f"{gguf_file} does not exist: scripts/fetch-chat-templates.py caches it")
     spec = json.loads(_gguf_tokenizer_json(gguf_file.resolve()))
     vocab: dict[str, int] = spec["model"]["vocab"]
     if vocab.get("<|endoftext|>") != _BPE_IDS or len(vocab) != QWEN_VOCAB_ROWS:
