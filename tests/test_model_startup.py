@@ -59,6 +59,15 @@ def test_a_template_without_tool_support_is_refused(
     assert "the chat template has no tool support" in line
 
 
+def test_a_tokenizer_without_a_chat_template_is_refused(
+    weightless_qwen3: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (weightless_qwen3 / "chat_template.jinja").unlink()
+    line = _train(weightless_qwen3, tmp_path / "out", capsys)
+    assert "has no chat template" in line
+    assert "chat_template.jinja" in line
+
+
 def test_a_parser_that_is_not_the_templates_is_refused(
     weightless_qwen3: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
