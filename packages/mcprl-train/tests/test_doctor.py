@@ -118,3 +118,52 @@ def test_a_cuda_profile_on_a_cpu_machine_fails_the_device_check(tmp_path: Path) 
     [device] = _by_category(results, "devices")
     assert not device.ok
     assert "needs 2 CUDA device(s)" in device.fix
+
+
+def _tokenizer_only_model(tmp_path: Path, template: str) -> Path:
+    """The embedded tiny model's tokenizer and config.json (no weights: doctor reads none) with ``template``."""
+    import shutil
+
+    from mcprl_policy.loading import resolve_model_path
+
+    directory = Path(
+        shutil.copytree(
+            resolve_model_path("tiny"), tmp_path / "model", ignore=shutil.ignore_patterns("*.safetensors")
+        )
+    )
+    (directory / "chat_template.jinja").write_text(template)
+    return directory
+
+
+def test_the_model_rows_recognise_a_real_templates_format(tmp_path: Path, chat_templates_dir: Path) -> None:
+    model = _tokenizer_only_model(tmp_path, (chat_templates_dir / "Qwen3.5-4B.jinja").read_text())
+    results = _by_category(
+        run_checks(Config.from_dict({"model": {"name": str(model)}}), servers=False), "model"
+    )
+    assert [(r.name, r.ok) for r in results] == [
+        ("tokenizer", True),
+        ("template", True),
+        ("parser", True),
+        ("vocabulary", True),
+    ]
+    assert results[2].detail == "env.parser=auto: recognised 'qwen3_coder'"
+
+
+def test_the_model_rows_name_a_vocabulary_mismatch_and_a_wrong_parser_with_their_fix(
+    tmp_path: Path, chat_templates_dir: Path
+) -> None:
+    model = _tokenizer_only_model(tmp_path, (chat_templates_dir / "Qwen-Qwen3-0.6B.jinja").read_text())
+    config_file = model / "config.json"
+    model_config = json.loads(config_file.read_text())
+    model_config["vocab_size"] -= 1
+    config_file.write_text(json.dumps(model_config))
+    config = Config.from_dict({"model": {"name": str(model)}, "env": {"parser": "llama3_json"}})
+    failed = {r.name: r for r in _by_category(run_checks(config, servers=False), "model") if not r.ok}
+    assert sorted(failed) == ["parser", "vocabulary"]
+    assert "env.parser=llama3_json does not read the tool call" in failed["parser"].detail
+    assert "env.parser=auto" in failed["parser"].fix
+    rows = model_config["vocab_size"]
+    assert f"the tokenizer has {rows + 1} token ids but the model's embedding has {rows} rows" in (
+        failed["vocabulary"].detail
+    )
+    assert "resize_token_embeddings" in failed["vocabulary"].fix

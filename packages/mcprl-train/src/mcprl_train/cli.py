@@ -117,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="evaluate a saved checkpoint on the validation tasks")
     evaluate.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint or run directory")
     _add_config_args(evaluate, profile=False)
-    doctor = sub.add_parser("doctor", help="check installation, devices, keys, MCP servers and task data")
+    doctor = sub.add_parser(
+        "doctor", help="check installation, devices, keys, MCP servers, task data and the model's template"
+    )
     _add_config_args(doctor)
     doctor.add_argument("--skip-servers", action="store_true", help="do not start the MCP servers")
     plots = sub.add_parser("plots", help="(re)write the PNG plots of a run")
@@ -304,6 +306,7 @@ def _open_run(config: Config, resumed: RunDir | None) -> tuple[Config, RunDir, b
 
 def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from mcprl_train import build
+    from mcprl_train.model_checks import require_model_ready
 
     config, resumed = _train_config(args)
     if config.distributed.backend == "deepspeed":
@@ -314,10 +317,12 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
             return relaunch(config.distributed.num_gpus, argv, device=config.model.device)
 
         def open_validated_run() -> tuple[Config, RunDir, bool]:
-            build.load_tasks(config)  # rank 0 fails before it writes anything; each rank's trainer reads them
+            require_model_ready(config)  # rank 0 fails before it writes anything
+            build.load_tasks(config)  # the same; each rank's trainer reads them
             return _open_run(config, resumed)
 
         return train_rank(open_validated_run, run_training)
+    require_model_ready(config)  # tokenizer, template, parser, vocabulary: before anything is written
     tasks = build.load_tasks(config)  # a missing or malformed task file fails before anything is written
     config, run_dir, resume = _open_run(config, resumed)
     summary = run_training(config, run_dir, resume, tasks=tasks)

@@ -11,7 +11,10 @@ Checks, in order:
 4. MCP servers — the servers ``build.servers_config`` gives load, and each starts on its own and lists its
    tools (per-server deadline);
 5. task data — the train and validation files parse against the task schema, and every server a task names
-   is configured.
+   is configured;
+6. model — ``model.name``'s tokenizer and chat template (no weights): the template shows the tools and renders
+   a sample tool conversation, the tool-call parser reads back the call the template renders, and the
+   embedding has a row for every token id (`mcprl_train.model_checks`, the checks ``train`` runs at start).
 
 Nothing here changes state; servers are started and stopped again.
 """
@@ -44,7 +47,7 @@ class CheckResult:
     """One line of the report.
 
     Attributes:
-        category: installation, devices, keys, servers or tasks.
+        category: installation, devices, keys, servers, tasks or model.
         name: What was checked.
         ok: Whether it passed.
         detail: What was found.
@@ -69,6 +72,7 @@ def run_checks(config: Config, *, servers: bool = True, server_timeout: float = 
     if servers and tools is not None:
         results.extend(anyio.run(_servers, tools, server_timeout))
     results.extend(_tasks(config, set(tools.servers) if tools is not None else set()))
+    results.extend(_model(config))
     return results
 
 
@@ -296,3 +300,13 @@ def _tasks(config: Config, configured: set[str]) -> Iterator[CheckResult]:
         elif missing:
             fix = f"add {', '.join(missing)} to the tools config (or --set tools.offline=[...])"
         yield CheckResult(category="tasks", name=f"tasks.{split}={spec}", ok=ok, detail=detail, fix=fix)
+
+
+# -- model ------------------------------------------------------------------------------------------------------
+
+
+def _model(config: Config) -> Iterator[CheckResult]:
+    from mcprl_train.model_checks import check_model
+
+    for check in check_model(config):
+        yield CheckResult(category="model", name=check.name, ok=check.ok, detail=check.detail, fix=check.fix)

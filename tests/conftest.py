@@ -1,0 +1,61 @@
+"""Fixtures of the end-to-end tests: the vendors' chat templates and random-weight stand-ins for real models."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+FETCH_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fetch-chat-templates.py"
+
+
+@pytest.fixture(scope="session")
+def chat_templates_dir() -> Path:
+    """The cached templates and Qwen2 vocabulary; skips with the reason when they cannot be fetched."""
+    if os.environ.get("MCPRL_NO_CHAT_TEMPLATES"):
+        pytest.skip("real chat templates unavailable: MCPRL_NO_CHAT_TEMPLATES is set")
+    if not FETCH_SCRIPT.is_file():
+        pytest.skip(f"real chat templates unavailable: {FETCH_SCRIPT} is not there")
+    try:
+        done = subprocess.run(
+            [sys.executable, str(FETCH_SCRIPT)], capture_output=True, text=True, timeout=900, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.skip("real chat templates unavailable: scripts/fetch-chat-templates.py took over 900 s")
+    if done.returncode != 0:
+        pytest.skip(f"real chat templates unavailable: {done.stderr.strip()[-500:]}")
+    return Path(done.stdout.strip())
+
+
+@pytest.fixture(scope="session")
+def standin_model(
+    chat_templates_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str, str], Path]:
+    """Builds (once per session and argument pair) a tiny random-weight Qwen3 with a real Qwen vocabulary.
+
+    The directory holds what a hub checkpoint holds: config.json with the 151,936-row vocabulary, weights,
+    the release's tokenizer (`mcprl_policy.standin.qwen_tokenizer`) and the vendor's template as published.
+    """
+    pytest.importorskip("gguf", reason="the Qwen vocabulary is read from a .gguf file: pip install gguf")
+    from mcprl_policy.standin import QwenRelease, qwen_tokenizer, save_standin_model
+
+    built: dict[tuple[str, str], Path] = {}
+    releases: dict[str, QwenRelease] = {"qwen2.5": "qwen2.5", "qwen3": "qwen3"}
+
+    def build(release: str, template: str) -> Path:
+        key = (release, template)
+        if key not in built:
+            tokenizer = qwen_tokenizer(
+                chat_templates_dir / "ggml-vocab-qwen2.gguf",
+                release=releases[release],
+                chat_template=(chat_templates_dir / template).read_text(),
+            )
+            directory = tmp_path_factory.mktemp(f"standin-{release}")
+            built[key] = save_standin_model(directory, tokenizer)
+        return built[key]
+
+    return build
