@@ -13,18 +13,36 @@ It also replaces its own ``## bench_grpo`` section in ``benchmarks/RESULTS.md``.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
+import json
+import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from results_md import replace_section
 
-from mcprl_grpo import aggregate_loss, clipped_surrogate_loss, expand_to_tokens, group_advantages, token_kl
+from mcprl_grpo import (
+    AggregationMode,
+    KLEstimator,
+    aggregate_loss,
+    clipped_surrogate_loss,
+    entropy_from_logits,
+    expand_to_tokens,
+    group_advantages,
+    kl_loss,
+    token_kl,
+    token_logprobs,
+)
 
 TOKENS, GROUP, MIN_LEN, MAX_LEN = 1 << 20, 8, 64, 256
 EPS_LOW, EPS_HIGH, DUAL, BETA = 0.2, 0.28, 3.0, 0.01
@@ -98,6 +116,245 @@ def per_sample(b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(adv), torch.tensor(total / max(count, 1))
 
 
+VERL_SOURCE = "verl 0.9.1 (PyPI), verl/trainer/ppo/core_algos.py and verl/utils/torch_functional.py"
+LOGITS_SHAPE = (32, 256, 2048)
+AGG_MODES: tuple[AggregationMode, ...] = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
+KL_ESTIMATORS: tuple[KLEstimator, ...] = ("k1", "k2", "k3")
+AGG_BY_NAME: dict[str, AggregationMode] = dict(zip(AGG_MODES, AGG_MODES, strict=True))
+KL_BY_NAME: dict[str, KLEstimator] = dict(zip(KL_ESTIMATORS, KL_ESTIMATORS, strict=True))
+
+# Runs in verl's own environment: torch, numpy and verl only, never mcprl. It loads the tensors the driver
+# saved, and answers each request "<row> <calls>" with the best time of that many calls and the row's value.
+VERL_WORKER = r"""
+import json, sys, time
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from verl.trainer.ppo import core_algos as ca
+from verl.utils import torch_functional as vF
+
+torch.set_num_threads(int(sys.argv[2]))
+d = torch.load(sys.argv[1])
+cfg = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": EPS_LOW, "clip_ratio_high": EPS_HIGH,
+                        "clip_ratio_c": DUAL, "global_batch_info": {}})
+index = d["group_ids"].numpy()
+
+def row(name, mask):
+    kind, _, arg = name.partition(":")
+    if kind == "adv":
+        return ca.compute_grpo_vectorized_outcome_advantage(d["token_rewards"], mask, index)[0]
+    if kind == "policy":
+        return ca.compute_policy_loss_vanilla(d["old_p"], d["logprobs_p"], d["tok_adv_p"], mask, "token-mean", cfg)[0]
+    if kind == "agg":
+        return ca.agg_loss(d["loss_p"], mask, arg)
+    if kind == "kl":
+        return ca.agg_loss(ca.kl_penalty(d["logprobs_p"], d["ref_p"], arg), mask, "token-mean")
+    if kind == "entropy":
+        return vF.entropy_from_logits(d["logits"])
+    if kind == "logprobs":
+        return vF.logprobs_from_logits(d["logits"], d["labels"])
+    raise ValueError(name)
+
+print(json.dumps({"torch": torch.__version__, "verl": __import__("verl").__version__}), flush=True)
+for line in sys.stdin:
+    name, masking, calls = line.split()
+    mask = d["mask_p"] if masking == "bool" else d["mask_p"].float()
+    best, value = float("inf"), None
+    for _ in range(int(calls)):
+        t0 = time.perf_counter()
+        value = row(name, mask)
+        best = min(best, time.perf_counter() - t0)
+    print(json.dumps({"time": best, "value": float(value.double().sum())}), flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One comparison: ``name`` selects the operation on both sides; ``masking`` is bool or float; ``layout``
+    is padded (both sides on ``(B, T)``) or packed (mcprl on ``(L,)`` with ``seq_ids``, verl padded)."""
+
+    name: str
+    masking: str
+    layout: str
+
+
+def comparison_rows() -> list[Row]:
+    names = ["adv", "policy", *(f"agg:{m}" for m in AGG_MODES), *(f"kl:{k}" for k in KL_ESTIMATORS)]
+    rows = [Row(n, masking, "padded") for n in names for masking in ("float", "bool")]
+    rows += [Row(n, "bool", "packed") for n in names if n != "adv"]
+    return [*rows, Row("entropy", "-", "padded"), Row("logprobs", "-", "padded")]
+
+
+def comparison_tensors(b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The packed batch of `make_batch` laid out padded ``(B, T_max)`` as verl holds it, plus logits."""
+    g = torch.Generator().manual_seed(1)
+    lengths, seq_ids = b["lengths"], b["seq_ids"]
+    n, t = int(lengths.shape[0]), MAX_LEN
+    lengths = lengths.clamp(max=t)
+    keep = torch.arange(t) < lengths.unsqueeze(-1)
+    starts = torch.cumsum(b["lengths"], 0) - b["lengths"]
+    flat = (starts.unsqueeze(-1) + torch.arange(t)).clamp(max=TOKENS - 1)
+
+    def pad(x: torch.Tensor, fill: float) -> torch.Tensor:
+        return torch.where(keep, x[flat], torch.full((), fill, dtype=x.dtype))
+
+    mask_p = pad(b["mask"], False)
+    packed_keep = torch.arange(TOKENS) - starts[seq_ids] < t
+    adv = torch.randn(n, generator=g)
+    loss_p = torch.randn(n, t, generator=g)
+    token_rewards = torch.zeros(n, t)
+    token_rewards[torch.arange(n), lengths - 1] = b["rewards"]
+    return {
+        "rewards": b["rewards"],
+        "group_ids": b["group_ids"],
+        "token_rewards": token_rewards,
+        "mask_p": mask_p,
+        "logprobs_p": pad(b["logprobs"], 0.0),
+        "old_p": pad(b["old"], 0.0),
+        "ref_p": pad(b["ref"], 0.0),
+        "tok_adv_p": adv.unsqueeze(-1).expand(n, t).contiguous(),
+        "loss_p": loss_p,
+        "mask_l": b["mask"] & packed_keep,
+        "seq_ids": seq_ids,
+        "logprobs_l": b["logprobs"],
+        "old_l": b["old"],
+        "ref_l": b["ref"],
+        "tok_adv_l": adv[seq_ids],
+        "loss_l": loss_p[seq_ids, (torch.arange(TOKENS) - starts[seq_ids]).clamp(max=t - 1)],
+        "logits": torch.randn(*LOGITS_SHAPE, generator=g) * 3,
+        "labels": torch.randint(0, LOGITS_SHAPE[-1], LOGITS_SHAPE[:-1], generator=g),
+    }
+
+
+def mcprl_row(row: Row, d: dict[str, torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """mcprl-grpo's side of ``row``: a call computing the same value as the verl worker's."""
+    kind, _, arg = row.name.partition(":")
+    sfx = "_l" if row.layout == "packed" else "_p"
+    seq_ids = d["seq_ids"] if row.layout == "packed" else None
+    mask = d["mask" + sfx] if row.masking != "float" else d["mask_p"].float()
+    lp, old, ref = d["logprobs" + sfx], d["old" + sfx], d["ref" + sfx]
+    match kind:
+        case "adv":
+            return lambda: expand_to_tokens(group_advantages(d["rewards"], d["group_ids"]), mask)
+        case "policy":
+            return lambda: aggregate_loss(
+                clipped_surrogate_loss(
+                    lp, old, d["tok_adv" + sfx], mask, eps_low=EPS_LOW, eps_high=EPS_HIGH, dual_clip=DUAL
+                ),
+                mask,
+            )
+        case "agg":
+            mode = AGG_BY_NAME[arg]
+            return lambda: aggregate_loss(
+                d["loss" + sfx], mask, mode=mode, max_tokens=MAX_LEN, seq_ids=seq_ids
+            )
+        case "kl":
+            est = KL_BY_NAME[arg]
+            return lambda: kl_loss(lp, ref, mask, estimator=est)
+        case "entropy":
+            return lambda: entropy_from_logits(d["logits"])
+        case "logprobs":
+            return lambda: token_logprobs(d["logits"], d["labels"])
+        case _:
+            raise ValueError(f"unknown row {row.name!r}")
+
+
+class VerlWorker:
+    """verl's functions in verl's own virtual environment, one request at a time over a pipe."""
+
+    def __init__(self, python: str, tensors: Path, threads: int) -> None:
+        source = VERL_WORKER.replace("EPS_LOW", repr(EPS_LOW)).replace("EPS_HIGH", repr(EPS_HIGH))
+        self.proc = subprocess.Popen(
+            [python, "-c", source.replace("DUAL", repr(DUAL)), str(tensors), str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.versions: dict[str, str] = json.loads(self._read())
+
+    def _read(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"the verl worker exited with status {self.proc.wait()} (its error is above)")
+        return line
+
+    def best(self, row: Row, calls: int) -> tuple[float, float]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{row.name} {row.masking} {calls}\n")
+        self.proc.stdin.flush()
+        out = json.loads(self._read())
+        return float(out["time"]), float(out["value"])
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def verl_python() -> str:
+    """The interpreter of a virtual environment where verl imports, or a clear exit saying how to make one."""
+    python = os.environ.get("VERL_PYTHON", "/tmp/verlenv/bin/python")
+    probe = [python, "-c", "import verl.trainer.ppo.core_algos, verl.utils.torch_functional"]
+    if not Path(python).exists() or subprocess.run(probe, capture_output=True).returncode != 0:
+        raise SystemExit(
+            f"verl does not import with {python}. Make a throwaway environment beside the workspace with the "
+            "workspace's torch:\n  uv venv /tmp/verlenv --python .venv/bin/python\n"
+            f"  uv pip install --python /tmp/verlenv verl torch=={torch.__version__.split('+')[0]}\n"
+            "or point VERL_PYTHON at another interpreter that has verl."
+        )
+    return python
+
+
+def compare_with_verl(b: dict[str, torch.Tensor], reps: int, threads: int) -> tuple[list[str], float, str]:
+    """Alternate mcprl and verl on every row ``reps`` times; best time of each. Returns table, min ratio, versions."""
+    python = verl_python()
+    d = comparison_tensors(b)
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tensors.pt"
+        torch.save(d, path)
+        worker = VerlWorker(python, path, threads)
+    rows = comparison_rows()
+    best: dict[Row, list[float]] = {r: [float("inf"), float("inf")] for r in rows}
+    values: dict[Row, tuple[float, float]] = {}
+    try:
+        for _ in range(reps):
+            for r in rows:
+                fn = mcprl_row(r, d)
+                t0 = time.perf_counter()
+                out = fn()
+                best[r][0] = min(best[r][0], time.perf_counter() - t0)
+                ours = float(out.double().sum())
+                t_verl, theirs = worker.best(r, 1)
+                best[r][1] = min(best[r][1], t_verl)
+                values[r] = (ours, theirs)
+    finally:
+        worker.close()
+    for r, (ours, theirs) in values.items():
+        if not math.isclose(ours, theirs, rel_tol=1e-4, abs_tol=1e-4):
+            raise SystemExit(f"{r}: mcprl {ours!r} differs from verl {theirs!r}")
+    table = [
+        "| operation | mask | layout (mcprl / verl) | mcprl (ms) | verl (ms) | mcprl speed / verl |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    ratios = []
+    for r in rows:
+        ours_t, verl_t = best[r]
+        ratios.append(verl_t / ours_t)
+        layout = "packed (L,) / padded (B, T)" if r.layout == "packed" else "padded (B, T)"
+        table.append(
+            f"| {r.name} | {r.masking} | {layout} | {ours_t * 1e3:.2f} | {verl_t * 1e3:.2f} | {ratios[-1]:.2f} |"
+        )
+    versions = f"verl {worker.versions['verl']} with torch {worker.versions['torch']}"
+    return table, min(ratios), versions
+
+
 def timed(fn, b: dict[str, torch.Tensor], calls: int) -> tuple[float, tuple[torch.Tensor, torch.Tensor]]:
     """Best wall time of ``calls`` calls (the machine is shared: the minimum is the least disturbed run)."""
     times = []
@@ -121,7 +378,69 @@ def cpu_name() -> str:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reps", type=int, default=15, help="alternating repetitions per verl row")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads on both sides of the verl column"
+    )
+    parser.add_argument("--verl-only", action="store_true", help="skip the per-sample loop comparison")
+    args = parser.parse_args()
     b = make_batch()
+    if not args.verl_only:
+        vs_loop(b)
+    vs_verl(b, args.reps, args.threads)
+
+
+def machine_line() -> str:
+    return (
+        f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, Python {platform.python_version()}, "
+        f"{platform.system()} {platform.machine()}"
+    )
+
+
+def vs_verl(b: dict[str, torch.Tensor], reps: int, threads: int) -> None:
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    table, min_ratio, versions = compare_with_verl(b, reps, threads)
+    wall = time.perf_counter() - start
+    load_after = os.getloadavg()
+    for line in table:
+        print(line)
+    section = "\n".join(
+        [
+            "## bench_grpo: mcprl-grpo vs verl",
+            "",
+            f"Each row computes the same value with mcprl-grpo and with {versions} ({VERL_SOURCE}), run in its own "
+            "virtual environment beside the workspace (a worker process loads the same tensors; values checked "
+            "equal). Forward only. Batch: the packed batch above "
+            f"({TOKENS:,} tokens) padded to (B, {MAX_LEN}) for verl and for mcprl's padded rows; packed rows give "
+            f"mcprl the (L,) layout with seq_ids. Logits rows: {LOGITS_SHAPE}. The two sides alternate row by row, "
+            f"{reps} times; each figure is the best of its {reps} calls, {threads} torch thread(s) on both sides. "
+            "`policy` is verl's compute_policy_loss_vanilla (dual-clip 3, clip 0.2/0.28, token-mean; it also "
+            "computes its three clip/KL metrics) against clipped_surrogate_loss + aggregate_loss; `kl:*` is "
+            "kl_penalty + agg_loss(token-mean) against kl_loss; `adv` is compute_grpo_vectorized_outcome_advantage "
+            "against group_advantages + expand_to_tokens.",
+            "",
+            f"- command: `uv run python benchmarks/bench_grpo.py --reps {reps} --threads {threads}` "
+            "(VERL_PYTHON: verl's interpreter, default /tmp/verlenv/bin/python)",
+            f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}, wall {wall:.0f} s",
+            f"- machine: {machine_line()}",
+            f"- load average (1/5/15 min) before {load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}, "
+            f"after {load_after[0]:.1f}/{load_after[1]:.1f}/{load_after[2]:.1f} (a shared machine)",
+            "",
+            *table,
+            "",
+            f"grpo_vs_verl_min_ratio: {min_ratio:.2f} (target ≥ 1)",
+            "",
+        ]
+    )
+    replace_section(section)
+    print(f"grpo_vs_verl_min_ratio: {min_ratio:.2f}")
+
+
+def vs_loop(b: dict[str, torch.Tensor]) -> None:
     tokens = int(b["mask"].numel())
     episodes = int(b["rewards"].shape[0])
     policy_tokens = int((b["mask"] & b["valid"][b["seq_ids"]]).sum())

@@ -18,6 +18,7 @@ from typing import assert_never
 import torch
 
 from mcprl_grpo._checks import as_float, as_mask, check_float, check_same_shape
+from mcprl_grpo._select import zero_outside
 from mcprl_grpo.aggregate import aggregate_loss
 from mcprl_grpo.choices import AggregationMode
 from mcprl_grpo.choices import KLEstimator as KLEstimator
@@ -46,8 +47,7 @@ def token_kl(
     check_same_shape("ref_logprobs", ref_logprobs, "logprobs", logprobs)
     m = as_mask("mask", mask, "logprobs", logprobs)
     lp = as_float(logprobs)
-    zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
-    log_rho = torch.where(m, ref_logprobs.detach().to(lp.dtype) - lp, zero)
+    log_rho = zero_outside(ref_logprobs.detach().to(lp.dtype) - lp, m)
     match estimator:
         case "k1":
             kl = -log_rho
@@ -93,7 +93,7 @@ def kl_penalty_rewards(
     kl = token_kl(logprobs.detach(), ref_logprobs, mask, estimator=estimator)
     m = as_mask("mask", mask, "logprobs", logprobs)
     r = as_float(rewards).detach()
-    return torch.where(m, r - coef * kl.to(r.dtype), torch.zeros((), dtype=r.dtype, device=r.device))
+    return zero_outside(r - coef * kl.to(r.dtype), m)
 
 
 def kl_loss(
