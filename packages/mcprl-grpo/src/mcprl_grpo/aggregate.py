@@ -65,7 +65,29 @@ def aggregate_loss(
     """
     check_float("loss", loss)
     m = as_mask("mask", mask, "loss", loss)
-    x = zero_outside(as_float(loss), m)
+    return reduce_zeroed(
+        zero_outside(as_float(loss), m),
+        m,
+        mode=mode,
+        normalizer=normalizer,
+        max_tokens=max_tokens,
+        seq_ids=seq_ids,
+    )
+
+
+def reduce_zeroed(
+    x: torch.Tensor,
+    m: torch.Tensor,
+    *,
+    mode: AggregationMode,
+    normalizer: float | torch.Tensor | None,
+    max_tokens: int | None,
+    seq_ids: torch.Tensor | None,
+) -> torch.Tensor:
+    """`aggregate_loss` for a float32/float64 ``x`` that is already exactly 0 outside the bool mask ``m``.
+
+    The package's per-token functions return such tensors; reducing them here skips a second masking pass.
+    """
     if mode == "token-mean":
         return x.sum() / _denominator(count_true(m, x.dtype), normalizer)
     seq_sum, seq_len = sums_and_counts(x, m, seq_ids, name="loss")
@@ -81,7 +103,7 @@ def aggregate_loss(
                     raise ArgumentError(
                         "max_tokens is required for packed (L,) input in seq-mean-token-sum-norm"
                     )
-                max_tokens = loss.shape[-1]
+                max_tokens = x.shape[-1]
             check_positive("max_tokens", max_tokens)
             return seq_sum.sum() / (_denominator(num_seqs, normalizer) * max_tokens)
         case _:
