@@ -4,11 +4,18 @@ The step: GRPO advantages over groups of 8 (one failed episode per 64 masked out
 per-token clipped surrogate (ε_low 0.2, ε_high 0.28, dual-clip 3), k3 KL to a reference, and token-mean
 aggregation of ``policy + β·KL`` over 2^20 packed tokens (episodes of 64-256 tokens, ~6.5k episodes, 75 % policy
 tokens). The per-sample version loops over groups and episodes in Python with per-episode torch ops (what a
-trainer written without segment ops does). Both must give the same numbers; the last line prints the speedup.
+trainer written without segment ops does). Both must give the same numbers; a line prints the speedup.
 
-    uv run python benchmarks/bench_grpo.py
+Then each operation against verl's own functions on the same tensors (``grpo_vs_verl_min_ratio``, the smallest
+mcprl/verl speed ratio over the rows): GRPO advantages, the clipped policy loss, each aggregation mode, the KL
+estimators, entropy and log-probabilities from logits; float and bool masks; padded and packed layouts. verl runs
+in its own virtual environment (``VERL_PYTHON``, default ``/tmp/verlenv/bin/python``); the benchmark exits with
+the commands to make one when verl does not import there.
 
-It also replaces its own ``## bench_grpo`` section in ``benchmarks/RESULTS.md``.
+    uv run python benchmarks/bench_grpo.py [--reps 15] [--verl-only]
+
+It replaces its own ``## bench_grpo`` and ``## bench_grpo: mcprl-grpo vs verl`` sections in
+``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -116,7 +123,7 @@ def per_sample(b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(adv), torch.tensor(total / max(count, 1))
 
 
-VERL_SOURCE = "verl 0.9.1 (PyPI), verl/trainer/ppo/core_algos.py and verl/utils/torch_functional.py"
+VERL_SOURCE = "from PyPI: verl/trainer/ppo/core_algos.py and verl/utils/torch_functional.py"
 LOGITS_SHAPE = (32, 256, 2048)
 AGG_MODES: tuple[AggregationMode, ...] = (
     "token-mean",
@@ -361,13 +368,14 @@ def compare_with_verl(b: dict[str, torch.Tensor], reps: int) -> tuple[list[str],
 
 
 def timed(fn, b: dict[str, torch.Tensor], calls: int) -> tuple[float, tuple[torch.Tensor, torch.Tensor]]:
-    """Best wall time of ``calls`` calls (the machine is shared: the minimum is the least disturbed run)."""
+    """Best CPU time of the calling thread over ``calls`` calls (one torch thread: the machine is shared, and
+    time spent descheduled does not count)."""
     times = []
     out = None
     for _ in range(calls):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         out = fn(b)
-        times.append(time.perf_counter() - t0)
+        times.append(time.thread_time() - t0)
     assert out is not None
     return min(times), out
 
@@ -416,6 +424,11 @@ def vs_verl(b: dict[str, torch.Tensor], reps: int) -> None:
         [
             "## bench_grpo: mcprl-grpo vs verl",
             "",
+            "What the rows include beyond the arithmetic: a float mask costs mcprl a 0/1 value check on every call "
+            "that receives it (one fused pass; a bool mask is trusted by its dtype), where verl multiplies by the "
+            "mask as given and checks nothing. Packed seq-* rows reduce per sequence over (L,) with "
+            "torch.segment_reduce (seq_ids sorted), where verl's padded rows are one row sum each.",
+            "",
             f"Each row computes the same value with mcprl-grpo and with {versions} ({VERL_SOURCE}), run in its own "
             "virtual environment beside the workspace (a worker process loads the same tensors; values checked "
             "equal). Forward only. Batch: the packed batch above "
@@ -450,15 +463,11 @@ def vs_loop(b: dict[str, torch.Tensor]) -> None:
     tokens = int(b["mask"].numel())
     episodes = int(b["rewards"].shape[0])
     policy_tokens = int((b["mask"] & b["valid"][b["seq_ids"]]).sum())
-    # Each implementation gets its best thread count (1 or torch's default). On a busy 2-core machine one
-    # thread often beats two, because an OpenMP barrier waits for a descheduled worker.
+    # One torch thread on both sides: thread CPU time counts only the calling thread, and the loop's
+    # per-episode ops are far below torch's parallel grain size anyway.
     default_threads = torch.get_num_threads()
-    vec: dict[int, tuple[float, tuple[torch.Tensor, torch.Tensor]]] = {}
-    for threads in sorted({1, default_threads}):
-        torch.set_num_threads(threads)
-        vec[threads] = timed(vectorised, b, calls=6)
-    # The loop's per-episode ops are far below torch's parallel grain size: one thread is all it can use.
     torch.set_num_threads(1)
+    vec = {1: timed(vectorised, b, calls=6)}
     loop = {1: timed(per_sample, b, calls=2)}
     torch.set_num_threads(default_threads)
     vec_threads = min(vec, key=lambda k: vec[k][0])
@@ -483,7 +492,7 @@ def vs_loop(b: dict[str, torch.Tensor]) -> None:
         f"loss vectorised {float(loss_v):.8f} vs per-sample {float(loss_l):.8f} (advantages and loss match)"
     )
     machine = (
-        f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__} (1 thread, best CPU time of the thread), "
         f"Python {platform.python_version()}, {platform.system()} {platform.machine()}, "
         f"load average {os.getloadavg()[0]:.1f} at the end (the machine is shared; figures move with load)"
     )
@@ -493,7 +502,9 @@ def vs_loop(b: dict[str, torch.Tensor]) -> None:
             "",
             "GRPO advantages + clipped surrogate (ε 0.2/0.28, dual-clip 3) + k3 KL + token-mean aggregation over "
             f"{tokens:,} packed tokens ({episodes} episodes of {MIN_LEN}-{MAX_LEN} tokens, groups of {GROUP}), vectorised "
-            "mcprl-grpo vs a per-sample Python loop of the same math (results checked equal).",
+            "mcprl-grpo vs a per-sample Python loop of the same math (results checked equal). Times are the thread's "
+            "CPU time with one torch thread; wall time, used before, also counts the time a busy machine keeps "
+            "the process waiting (the loop suffers more from it).",
             "",
             "- command: `uv run python benchmarks/bench_grpo.py`",
             f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
