@@ -125,3 +125,22 @@ def test_bad_normaliser_and_packed_norm_mode_without_max_tokens_raise() -> None:
         aggregate_loss(
             loss, torch.ones(3), mode="seq-mean-token-sum-norm", seq_ids=torch.zeros(3, dtype=torch.long)
         )
+
+
+@pytest.mark.parametrize("mode", MODES)
+@FAST
+@given(data=losses(), seed=st.integers(0, 2**16))
+def test_packed_tokens_in_any_order_equal_the_sorted_packing(
+    mode: AggregationMode, data: tuple[torch.Tensor, torch.Tensor], seed: int
+) -> None:
+    loss, mask = data
+    b, t = loss.shape
+    seq_ids = torch.arange(b).repeat_interleave(t)
+    order = torch.randperm(b * t, generator=torch.Generator().manual_seed(seed))
+    flat, flat_mask = loss.reshape(-1), mask.reshape(-1)
+    sorted_value = aggregate_loss(flat, flat_mask, mode=mode, seq_ids=seq_ids, max_tokens=t)
+    shuffled = aggregate_loss(flat[order], flat_mask[order], mode=mode, seq_ids=seq_ids[order], max_tokens=t)
+    assert shuffled.item() == pytest.approx(sorted_value.item(), rel=1e-12, abs=1e-12)
+    assert sorted_value.item() == pytest.approx(
+        aggregate_loss(loss, mask, mode=mode).item(), rel=1e-12, abs=1e-12
+    )

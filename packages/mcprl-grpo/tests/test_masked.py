@@ -86,3 +86,36 @@ def test_bad_masks_raise_typed_errors() -> None:
         masked_mean(torch.zeros(3), torch.ones(2))
     with pytest.raises(MaskError, match="mask"):
         masked_mean(torch.zeros(3), torch.tensor([0.0, 0.5, 1.0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    "bad", [0.5, float("nan"), float("inf"), -float("inf"), 2.0, -1.0, 1.0078125, "subnormal"]
+)
+def test_float_mask_with_any_value_but_0_and_1_raises(dtype: torch.dtype, bad: float | str) -> None:
+    value = torch.finfo(dtype).tiny / 2 if bad == "subnormal" else float(bad)
+    mask = torch.tensor([1.0, 0.0, value, 1.0], dtype=dtype)
+    assert mask[2].item() not in (0.0, 1.0)
+    with pytest.raises(MaskError, match="only 0 and 1"):
+        masked_mean(torch.zeros(4), mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32, torch.int64])
+@pytest.mark.parametrize("bad", [2, -1, 127])
+def test_integer_mask_with_any_value_but_0_and_1_raises(dtype: torch.dtype, bad: int) -> None:
+    with pytest.raises(MaskError, match="only 0 and 1"):
+        masked_sum(torch.zeros(3), torch.tensor([1, bad, 0]).to(dtype))
+    if dtype in (torch.int32, torch.int64):
+        with pytest.raises(MaskError, match="only 0 and 1"):
+            masked_sum(torch.zeros(2), torch.tensor([1, 1 << 16], dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool])
+def test_0_1_masks_of_every_dtype_agree_with_the_bool_mask(dtype: torch.dtype) -> None:
+    x = torch.tensor([1.0, float("nan"), 3.0, -2.0])
+    keep = torch.tensor([True, False, True, True])
+    mask = keep.to(dtype)
+    if dtype == torch.float32:
+        mask[1] = -0.0
+    assert masked_sum(x, mask).item() == 2.0
+    assert masked_mean(x, mask).item() == masked_mean(x, keep).item()

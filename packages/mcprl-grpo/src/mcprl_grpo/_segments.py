@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from mcprl_grpo._checks import count_true
 from mcprl_grpo.errors import DTypeError, ShapeError
 
 
@@ -35,3 +36,41 @@ def segment_sum(x: torch.Tensor, ids: torch.Tensor, n: int) -> torch.Tensor:
     """``(n,)`` sums of the flattened ``x`` per sequence id."""
     flat = x.reshape(-1)
     return flat.new_zeros(n).index_add(0, ids, flat)
+
+
+def sums_and_counts(
+    x: torch.Tensor, mask: torch.Tensor, seq_ids: torch.Tensor | None, *, name: str = "x"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence sums of ``x`` (already 0 outside the bool ``mask``) and per-sequence counts of ``mask``.
+
+    Padded ``(B, T)`` input reduces along the rows (no index tensor); packed ``(L,)`` input uses ``seq_ids``.
+    Both results are ``(S,)`` in ``x``'s dtype.
+    """
+    if seq_ids is None:
+        if x.dim() != 2:
+            raise ShapeError(name, x.shape, "(B, T), or packed (L,) together with seq_ids (L,)")
+        return x.sum(dim=-1), count_true(mask, x.dtype, dim=-1)
+    offsets = _sorted_offsets(x, seq_ids, name=name)
+    if offsets is not None:
+        return (
+            torch.segment_reduce(x, "sum", offsets=offsets),
+            torch.segment_reduce(mask.view(torch.uint8).to(x.dtype), "sum", offsets=offsets),
+        )
+    ids, n = segments(x, seq_ids, name=name)
+    return segment_sum(x, ids, n), segment_sum(mask.to(x.dtype), ids, n)
+
+
+def _sorted_offsets(x: torch.Tensor, seq_ids: torch.Tensor, *, name: str) -> torch.Tensor | None:
+    """``(S + 1,)`` start offsets of each sequence when ``seq_ids`` is non-decreasing (the packed layout), else None.
+
+    Sorted ids let `torch.segment_reduce` sum contiguous runs, 4-5x faster on CPU than ``index_add``; the
+    offsets come from one ``searchsorted``, so sequences without tokens get empty runs, as ``index_add`` gives.
+    """
+    if seq_ids.shape != x.shape or x.dim() != 1:
+        raise ShapeError("seq_ids", seq_ids.shape, f"{tuple(x.shape)} with {name} packed as (L,)")
+    if seq_ids.is_floating_point() or seq_ids.dtype == torch.bool:
+        raise DTypeError(f"seq_ids must be an integer tensor, got dtype {seq_ids.dtype}")
+    ids = seq_ids.long()
+    if ids.numel() < 2 or int(ids[0]) < 0 or int(torch.diff(ids).min()) < 0:
+        return None
+    return torch.searchsorted(ids, torch.arange(int(ids[-1]) + 2, device=ids.device))

@@ -21,6 +21,7 @@ import torch
 from mcprl_grpo._checks import as_mask, check_float, check_ndim, check_non_negative
 from mcprl_grpo._groups import group_rewards
 from mcprl_grpo._segments import segments
+from mcprl_grpo._select import zero_outside
 from mcprl_grpo.choices import Estimator as Estimator
 from mcprl_grpo.choices import Scale as Scale
 from mcprl_grpo.errors import ShapeError
@@ -186,12 +187,11 @@ def expand_to_tokens(
     check_float("advantages", advantages)
     check_ndim("advantages", advantages, 1, "(B,)")
     m = as_mask("mask", mask, "mask", mask)
-    zero = torch.zeros((), dtype=advantages.dtype, device=advantages.device)
     if seq_ids is None:
         if m.dim() != 2 or m.shape[0] != advantages.shape[0]:
             raise ShapeError("mask", mask.shape, f"({advantages.shape[0]}, T) to match advantages (B,)")
-        return torch.where(m, advantages.unsqueeze(-1), zero)
+        return zero_outside(advantages.unsqueeze(-1).expand(m.shape), m)
     ids, n = segments(m, seq_ids, name="mask")
     if n > advantages.shape[0]:
         raise ShapeError("advantages", advantages.shape, f"at least ({n},) for seq_ids up to {n - 1}")
-    return torch.where(m, advantages[ids], zero)
+    return zero_outside(advantages[ids], m)

@@ -13,8 +13,9 @@ from typing import assert_never
 
 import torch
 
-from mcprl_grpo._checks import as_float, as_mask, check_float, check_positive
-from mcprl_grpo._segments import segment_sum, segments
+from mcprl_grpo._checks import as_float, as_mask, check_float, check_ndim, check_positive, count_true
+from mcprl_grpo._segments import segment_sum, segments, sums_and_counts
+from mcprl_grpo._select import zero_outside
 from mcprl_grpo.choices import AggregationMode as AggregationMode
 from mcprl_grpo.errors import ArgumentError
 
@@ -46,7 +47,8 @@ def aggregate_loss(
     - ``"seq-mean-token-sum"``: ``1/|S| Σ_i Σ_t ℓ_{i,t}``.
     - ``"seq-mean-token-sum-norm"``: ``1/(|S| · L_max) Σ_i Σ_t ℓ_{i,t}`` with a constant ``L_max`` (Dr. GRPO,
       Liu et al. 2025, "Understanding R1-Zero-Like Training", §3.1: no length normalisation, divide by the
-      generation budget). verl's mode of the same name divides by ``L_max`` only; multiply by ``|S|`` for it.
+      generation budget). verl 0.9's ``agg_loss`` mode of the same name is this one (earlier verl divided by
+      ``L_max`` only).
 
     Args:
         loss: ``(B, T)``, or packed ``(L,)`` with ``seq_ids``.
@@ -63,16 +65,33 @@ def aggregate_loss(
     """
     check_float("loss", loss)
     m = as_mask("mask", mask, "loss", loss)
-    lf = as_float(loss)
-    zero = torch.zeros((), dtype=lf.dtype, device=lf.device)
-    x = torch.where(m, lf, zero)
+    return reduce_zeroed(
+        zero_outside(as_float(loss), m),
+        m,
+        mode=mode,
+        normalizer=normalizer,
+        max_tokens=max_tokens,
+        seq_ids=seq_ids,
+    )
+
+
+def reduce_zeroed(
+    x: torch.Tensor,
+    m: torch.Tensor,
+    *,
+    mode: AggregationMode,
+    normalizer: float | torch.Tensor | None,
+    max_tokens: int | None,
+    seq_ids: torch.Tensor | None,
+) -> torch.Tensor:
+    """`aggregate_loss` for a float32/float64 ``x`` that is already exactly 0 outside the bool mask ``m``.
+
+    The package's per-token functions return such tensors; reducing them here skips a second masking pass.
+    """
     if mode == "token-mean":
-        return x.sum() / _denominator(m.sum().to(lf.dtype), normalizer)
-    mf = m.to(lf.dtype)
-    ids, n = segments(x, seq_ids, name="loss")
-    seq_sum = segment_sum(x, ids, n)
-    seq_len = segment_sum(mf, ids, n)
-    num_seqs = (seq_len > 0).to(lf.dtype).sum()
+        return x.sum() / _denominator(count_true(m, x.dtype), normalizer)
+    seq_sum, seq_len = sums_and_counts(x, m, seq_ids, name="loss")
+    num_seqs = count_true(seq_len > 0, x.dtype)
     match mode:
         case "seq-mean-token-mean":
             return (seq_sum / seq_len.clamp(min=1.0)).sum() / _denominator(num_seqs, normalizer)
@@ -84,7 +103,7 @@ def aggregate_loss(
                     raise ArgumentError(
                         "max_tokens is required for packed (L,) input in seq-mean-token-sum-norm"
                     )
-                max_tokens = loss.shape[-1]
+                max_tokens = x.shape[-1]
             check_positive("max_tokens", max_tokens)
             return seq_sum.sum() / (_denominator(num_seqs, normalizer) * max_tokens)
         case _:
@@ -100,12 +119,15 @@ def aggregation_normalizer(
     ``normalizer``.
     """
     m = as_mask("mask", mask, "mask", mask)
-    mf = m.to(torch.float32)
     match mode:
         case "token-mean":
-            return mf.sum()
+            return count_true(m, torch.float32)
         case "seq-mean-token-mean" | "seq-mean-token-sum" | "seq-mean-token-sum-norm":
+            if seq_ids is None:
+                check_ndim("mask", m, 2, "(B, T), or packed (L,) together with seq_ids (L,)")
+                return count_true(count_true(m, torch.int32, dim=-1) > 0, torch.float32)
+            mf = m.to(torch.float32)
             ids, n = segments(mf, seq_ids, name="mask")
-            return (segment_sum(mf, ids, n) > 0).to(torch.float32).sum()
+            return count_true(segment_sum(mf, ids, n) > 0, torch.float32)
         case _:
             assert_never(mode)

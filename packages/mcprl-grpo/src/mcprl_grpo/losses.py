@@ -18,6 +18,7 @@ from mcprl_grpo._checks import (
     check_non_negative,
     check_same_shape,
 )
+from mcprl_grpo._select import zero_outside
 from mcprl_grpo.errors import ArgumentError, ShapeError
 from mcprl_grpo.importance import RatioLevel, gspo_token_ratios, token_ratios
 
@@ -90,11 +91,8 @@ def clipped_surrogate_loss(
             ratio = gspo_token_ratios(logprobs, old_logprobs, m, seq_ids=seq_ids)
         case _:
             assert_never(ratio_level)
-    zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
     # Masked positions have Â = 0 and r = 1, so every term below is exactly 0 there: no final mask needed.
-    neg_adv = torch.where(
-        m, _broadcast_advantages(advantages, logprobs).detach().to(ratio.dtype), zero
-    ).neg_()
+    neg_adv = zero_outside(_broadcast_advantages(advantages, logprobs).detach().to(ratio.dtype), m).neg_()
     # In-place on the fresh clamp output (its value is not needed by autograd): one allocation fewer.
     loss = torch.maximum(neg_adv * ratio, ratio.clamp(1.0 - eps_low, 1.0 + high).mul_(neg_adv))
     if dual_clip is not None:
@@ -104,7 +102,7 @@ def clipped_surrogate_loss(
     if is_weights is not None:
         check_float("is_weights", is_weights)
         check_same_shape("is_weights", is_weights, "logprobs", logprobs)
-        loss = loss * torch.where(m, is_weights.detach().to(loss.dtype), zero)
+        loss = loss * zero_outside(is_weights.detach().to(loss.dtype), m)
     return loss
 
 
@@ -137,17 +135,15 @@ def value_loss(
     check_same_shape("old_values", old_values, "values", values)
     check_same_shape("returns", returns, "values", values)
     m = as_mask("mask", mask, "values", values)
-    v = as_float(values)
-    zero = torch.zeros((), dtype=v.dtype, device=v.device)
-    v = torch.where(m, v, zero)
-    ret = torch.where(m, returns.detach().to(v.dtype), zero)
+    v = zero_outside(as_float(values), m)
+    ret = zero_outside(returns.detach().to(v.dtype), m)
     loss = 0.5 * (v - ret) ** 2
     if clip is not None:
         check_non_negative("clip", clip)
-        old = torch.where(m, old_values.detach().to(v.dtype), zero)
+        old = zero_outside(old_values.detach().to(v.dtype), m)
         v_clipped = old + (v - old).clamp(-clip, clip)
         loss = torch.maximum(loss, 0.5 * (v_clipped - ret) ** 2)
-    return torch.where(m, loss, zero)
+    return zero_outside(loss, m)
 
 
 def entropy_loss(entropy: torch.Tensor, mask: torch.Tensor, *, coef: float) -> torch.Tensor:
@@ -166,6 +162,4 @@ def entropy_loss(entropy: torch.Tensor, mask: torch.Tensor, *, coef: float) -> t
     check_float("entropy", entropy)
     check_non_negative("coef", coef)
     m = as_mask("mask", mask, "entropy", entropy)
-    h = as_float(entropy)
-    zero = torch.zeros((), dtype=h.dtype, device=h.device)
-    return torch.where(m, -coef * h, zero)
+    return zero_outside(-coef * as_float(entropy), m)

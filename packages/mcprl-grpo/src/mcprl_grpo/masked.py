@@ -1,7 +1,7 @@
 """Masked reductions that never produce NaN on empty masks.
 
 Every function takes a tensor ``x`` of any shape and a mask of the same shape (bool, or 0/1). Entries where the
-mask is false are replaced by zero *before* any arithmetic (``torch.where``, not ``x * mask``), so NaN or inf
+mask is false are replaced by zero *before* any arithmetic (`zero_outside`, as ``torch.where``; not ``x * mask``), so NaN or inf
 in padding can neither leak into a result nor into a gradient. Statistics are computed in float32 (float64
 inputs stay float64), so bf16/fp16 inputs are safe; results come back in that statistics dtype.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from mcprl_grpo._checks import as_float, as_mask, check_float, check_non_negative
+from mcprl_grpo._select import zero_outside
 
 Dim = int | tuple[int, ...] | None
 
@@ -18,8 +19,7 @@ Dim = int | tuple[int, ...] | None
 def _prepare(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     check_float("x", x)
     m = as_mask("mask", mask, "x", x)
-    xf = as_float(x)
-    return torch.where(m, xf, torch.zeros((), dtype=xf.dtype, device=xf.device)), m
+    return zero_outside(as_float(x), m), m
 
 
 def _sum(x: torch.Tensor, dim: Dim, keepdim: bool) -> torch.Tensor:
@@ -93,7 +93,7 @@ def masked_var(
     mf = m.to(xz.dtype)
     count = _sum(mf, dim, True)
     mean = _sum(xz, dim, True) / count.clamp(min=1.0)
-    dev = torch.where(m, xz - mean, torch.zeros((), dtype=xz.dtype, device=xz.device))
+    dev = zero_outside(xz - mean, m)
     sq = _sum(dev * dev, dim, keepdim)
     if not keepdim:
         count = _sum(mf, dim, False)
@@ -125,4 +125,4 @@ def masked_whiten(
     out = (xz - mean) * torch.rsqrt(var + eps) if eps > 0 or bool(var > 0) else xz - mean
     if not shift_mean:
         out = out + mean
-    return torch.where(m, out, torch.zeros((), dtype=out.dtype, device=out.device))
+    return zero_outside(out, m)
