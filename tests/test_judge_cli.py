@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages" / "mcprl-env" / "tests"))
-from chat_server import chat_server
+from chat_server import chat_server  # pyright: ignore[reportMissingImports]  (sys.path above)
 
 DEMO = Path(__file__).resolve().parents[1] / "apps" / "mcprl-tasks" / "src" / "mcprl_tasks" / "data" / "demo"
 
