@@ -104,7 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
 def chat_server() -> Iterator[ChatServer]:
     """A `ChatServer` serving on a thread for the duration of the block."""
     server = ChatServer()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield server
