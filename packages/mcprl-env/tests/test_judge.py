@@ -196,13 +196,18 @@ async def test_the_rubric_renders_tool_calls_and_the_key_comes_from_the_environm
     rubric = tmp_path / "rubric.md"
     rubric.write_text("Task $task_id: $prompt\nCalls:\n$tool_calls\nAnswer: $answer\nCost: $$5\n")
     monkeypatch.setenv("JUDGE_TEST_KEY", "sk-test-123")
-    judge = make_judge(server, rubric=rubric, api_key_env="JUDGE_TEST_KEY")
+    thinking_off = {"chat_template_kwargs": {"enable_thinking": False}}
+    judge = make_judge(
+        server, rubric=rubric, api_key_env="JUDGE_TEST_KEY", json_mode=True, extra_body=thinking_off
+    )
     server.replies = [(200, '{"correct": true, "reason": "used the tool"}')]
     assert await judge(episode(manager, "42")) is True
     assert server.requests[0]["messages"][1]["content"] == (
         'Task t1: What is 6 times 7?\nCalls:\n1. multiply({"a": 6, "b": 7}) -> ok: 42\nAnswer: 42\nCost: $5\n'
     )
     assert server.headers_seen[0]["Authorization"] == "Bearer sk-test-123"
+    assert server.requests[0]["response_format"] == {"type": "json_object"}
+    assert server.requests[0]["chat_template_kwargs"] == {"enable_thinking": False}
     assert "sk-test-123" not in repr(judge)
 
 

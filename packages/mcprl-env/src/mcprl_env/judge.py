@@ -18,8 +18,8 @@ The rubric is a `string.Template` rendered per episode (``$prompt``, ``$referenc
 verdict format. The verdict rule is strict: the reply (an optional leading ``<think>…</think>`` block and an
 optional Markdown code fence removed) must be exactly one JSON object ``{"correct": <bool>, "reason": <str>}``.
 
-Verdicts are cached by the request (model, rubric rendered with the task, the answer and the tool calls it
-names), in memory and optionally in a JSONL file; identical judgments in flight at once wait for the first.
+Verdicts are cached by the request body (model, sampling settings, the rubric rendered with the task, the
+answer and the tool calls it names), in memory and optionally in a JSONL file; identical judgments in flight at once wait for the first.
 Requests are bounded by ``max_concurrency`` per event loop, each by ``timeout_s``; HTTP 408/409/429/5xx,
 transport errors, timeouts and malformed verdicts are retried ``max_retries`` times with exponential backoff.
 What still fails raises `JudgeError`: the episode becomes invalid (``infra_error``), never a model failure.
@@ -37,6 +37,7 @@ import statistics
 import string
 import time
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 
 import anyio
@@ -174,6 +175,8 @@ class Judge:
         max_tokens: Completion tokens of a verdict.
         temperature: Sampling temperature of the judge.
         json_mode: Send ``response_format={"type": "json_object"}`` (vLLM and OpenAI accept it).
+        extra_body: More fields of the request body, e.g. ``{"chat_template_kwargs": {"enable_thinking": False}}``
+            for a Qwen3 model on vLLM (its verdict then comes without a long ``<think>`` block).
         tool_result_chars: Characters of each tool result shown under ``$tool_calls``.
         cache_path: A JSONL file of verdicts, read at start and appended to (None: in memory only).
     """
@@ -190,6 +193,7 @@ class Judge:
     max_tokens: int = attrs.field(default=256, validator=attrs.validators.ge(1))
     temperature: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
     json_mode: bool = False
+    extra_body: Mapping[str, object] = attrs.field(factory=dict[str, object], converter=dict[str, object])
     tool_result_chars: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
     cache_path: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
     _cache: dict[str, Verdict] = attrs.field(init=False, factory=dict[str, Verdict], repr=False)
@@ -232,8 +236,8 @@ class Judge:
 
     async def verdict(self, episode: FinishedEpisode) -> Verdict:
         """The verdict on an episode, from the cache or the endpoint (see the class docstring)."""
-        messages = self.request_messages(episode)
-        key = hashlib.sha256(json.dumps([self.model, messages], sort_keys=True).encode()).hexdigest()
+        body = self.request_body(self.request_messages(episode))
+        key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
         self._stats.lookups += 1
         while (pending := self._pending.get(key)) is not None:
             await pending.wait()
@@ -242,7 +246,7 @@ class Judge:
             return cached
         done = self._pending[key] = anyio.Event()
         try:
-            verdict = await self._ask(messages, task_id=episode.task.id)
+            verdict = await self._ask(body, task_id=episode.task.id)
         finally:
             del self._pending[key]
             done.set()
@@ -253,7 +257,7 @@ class Judge:
                 f.write(json.dumps(line) + "\n")
         return verdict
 
-    async def _ask(self, messages: list[dict[str, str]], *, task_id: str) -> Verdict:
+    async def _ask(self, body: dict[str, object], *, task_id: str) -> Verdict:
         self._stats.calls += 1
         retrying = tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(self.max_retries + 1),
@@ -265,7 +269,7 @@ class Judge:
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._request(messages)
+                    return await self._request(body)
         except _Retryable as exc:
             self._stats.failures += 1
             log.error(
@@ -292,7 +296,8 @@ class Judge:
             raise JudgeError(f"the environment variable {self.api_key_env} (the judge's API key) is not set")
         return {"Authorization": f"Bearer {key}"}
 
-    async def _request(self, messages: list[dict[str, str]]) -> Verdict:
+    def request_body(self, messages: list[dict[str, str]]) -> dict[str, object]:
+        """The JSON body of a chat-completions request (also the cache key, hashed)."""
         body: dict[str, object] = {
             "model": self.model,
             "messages": messages,
@@ -301,6 +306,9 @@ class Judge:
         }
         if self.json_mode:
             body["response_format"] = {"type": "json_object"}
+        return {**body, **self.extra_body}
+
+    async def _request(self, body: dict[str, object]) -> Verdict:
         url = f"{self.base_url.rstrip('/')}/chat/completions"
         limiter = self._limiter.get(None)
         if limiter is None:
