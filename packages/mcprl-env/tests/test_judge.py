@@ -8,6 +8,7 @@ real sockets. The checker path runs real episodes (scripted sampler, in-memory M
 from __future__ import annotations
 
 import json
+import pickle
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 from chat_server import ChatServer, chat_server
 from structlog.testing import capture_logs
 
-from mcprl_env import EnvConfig, Environment, FinishedEpisode, Task, task_from_dict
+from mcprl_env import EnvConfig, Environment, FinishedEpisode, PythonChecker, Task, task_from_dict
 from mcprl_env.errors import ConfigError, JudgeError
 from mcprl_env.finished import ToolCallRecord
 from mcprl_env.judge import DEFAULT_RUBRIC, Judge, judge_metrics, parse_verdict
@@ -264,3 +265,14 @@ async def test_a_failed_judgment_makes_the_episode_invalid_not_wrong(
     assert ep.error is not None
     assert "judging.py:judge" in ep.error
     assert "HTTP 503" in ep.error
+
+
+def test_a_judged_task_pickles_to_the_live_judge(tmp_path: Path) -> None:
+    task = judged_task(tmp_path, "http://127.0.0.1:9/v1")
+    again = pickle.loads(pickle.dumps(task))  # DeepSpeed all-gathers episode groups, their tasks included
+    assert again == task
+    assert isinstance(again.checker, PythonChecker)
+    assert isinstance(task.checker, PythonChecker)
+    assert again.checker.resolved.function is task.checker.resolved.function
+    other = pickle.loads(pickle.dumps(Judge(base_url="http://127.0.0.1:9/v1", model="other", max_retries=5)))
+    assert (other.model, other.max_retries) == ("other", 5)

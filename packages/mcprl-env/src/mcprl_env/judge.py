@@ -39,6 +39,7 @@ import time
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -208,6 +209,14 @@ class Judge:
             self._cache.update(_load_cache(self.cache_path))
         _JUDGES.add(self)
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickled as its settings (tasks travel between ranks with their checker); unpickled as the live judge
+        with the same settings when this process has one, so caches and counters stay in one place."""
+        return (_judge_with, (self._settings(),))
+
+    def _settings(self) -> dict[str, object]:
+        return {a.name: getattr(self, a.name) for a in attrs.fields(Judge) if a.init}
+
     async def __call__(self, episode: FinishedEpisode) -> bool:
         """The checker: whether the judge finds the episode's answer correct.
 
@@ -354,6 +363,13 @@ class Judge:
         """This judge's counters since the last drain (and a fresh set in their place)."""
         stats, self._stats = self._stats, _Stats()
         return stats
+
+
+def _judge_with(settings: dict[str, Any]) -> Judge:
+    for judge in list(_JUDGES):
+        if judge._settings() == settings:
+            return judge
+    return Judge(**settings)
 
 
 @attrs.define
