@@ -13,13 +13,13 @@ user checker (``{"type": "python", "function": "judging.py:judge"}``)::
         api_key_env="OPENAI_API_KEY",             # the variable's name: the key itself is never stored
     )
 
-The rubric is a `string.Template` rendered per episode (``$prompt``, ``$reference``, ``$answer``,
-``$tool_calls``, ``$task_id``) and sent as the user message after a fixed system message that asks for the
-verdict format. The verdict rule is strict: the reply (an optional leading ``<think>…</think>`` block and an
-optional Markdown code fence removed) must be exactly one JSON object ``{"correct": <bool>, "reason": <str>}``.
+The rubric (a `string.Template` of ``$prompt``, ``$reference``, ``$answer``, ``$tool_calls``, ``$task_id``) is
+sent as the user message after a fixed system message that asks for the verdict format; the strict verdict rule
+is `mcprl_env.judge_rubric`'s.
 
 Verdicts are cached by the request body (model, sampling settings, the rubric rendered with the task, the
-answer and the tool calls it names), in memory and optionally in a JSONL file; identical judgments in flight at once wait for the first.
+answer and the tool calls it names), in memory and optionally in a JSONL file; identical judgments in flight at
+once wait for the first.
 Requests are bounded by ``max_concurrency`` per event loop, each by ``timeout_s``; HTTP 408/409/429/5xx,
 transport errors, timeouts and malformed verdicts are retried ``max_retries`` times with exponential backoff.
 What still fails raises `JudgeError`: the episode becomes invalid (``infra_error``), never a model failure.
@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import ssl
 import statistics
 import string
@@ -49,84 +48,26 @@ import structlog
 import tenacity
 
 from mcprl_env.errors import ConfigError, JudgeError
-from mcprl_env.finished import FinishedEpisode, ToolCallRecord
+from mcprl_env.finished import FinishedEpisode
+from mcprl_env.judge_rubric import (
+    DEFAULT_RUBRIC,
+    SYSTEM_PROMPT,
+    Verdict,
+    check_rubric,
+    parse_verdict,
+    render_tool_calls,
+)
 
 __all__ = ["DEFAULT_RUBRIC", "SYSTEM_PROMPT", "Judge", "Verdict", "judge_metrics", "parse_verdict"]
 
 log = structlog.get_logger()
 
-SYSTEM_PROMPT = (
-    "You grade an AI assistant's answer to a task against the grader's criteria. Reply with exactly one JSON "
-    'object and nothing else: {"correct": true or false, "reason": "<one sentence>"}.'
-)
-"""The system message of every request: it fixes the verdict format `parse_verdict` accepts."""
-
-DEFAULT_RUBRIC = """\
-Decide whether the assistant's final answer correctly and completely answers the task.
-
-Task:
-$prompt
-
-Reference answer (may be empty): $reference
-
-Assistant's final answer:
-$answer
-"""
-"""A rubric that compares the answer with the task's reference answer."""
-
-PLACEHOLDERS = frozenset({"prompt", "reference", "answer", "tool_calls", "task_id"})
 _RETRY_STATUS = frozenset({408, 409, 429})
-_THINK = re.compile(r"\A\s*<think>.*?</think>", re.DOTALL)
-_FENCE = re.compile(r"\A```(?:json)?\s*\n?(.*?)\n?```\Z", re.DOTALL)
 _JUDGES: weakref.WeakSet[Judge] = weakref.WeakSet()
-
-
-@attrs.frozen(kw_only=True)
-class Verdict:
-    """A judge's verdict on one answer."""
-
-    correct: bool
-    reason: str
 
 
 class _Retryable(Exception):
     """A failure worth another request (the message says which)."""
-
-
-def parse_verdict(content: str) -> Verdict:
-    """The verdict in a judge's reply, by the strict rule of the module docstring.
-
-    Raises:
-        ValueError: The reply is not exactly ``{"correct": bool, "reason": str}`` (the message says why).
-    """
-    text = _THINK.sub("", content, count=1).strip()
-    fenced = _FENCE.match(text)
-    if fenced is not None:
-        text = fenced.group(1).strip()
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not one JSON object ({exc.msg} at char {exc.pos}): {content[:200]!r}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"a JSON {type(value).__name__}, not an object: {content[:200]!r}")
-    keys = set(value)  # pyright: ignore[reportUnknownArgumentType]
-    if keys != {"correct", "reason"}:
-        raise ValueError(f"keys {sorted(keys)} (expected exactly 'correct' and 'reason'): {content[:200]!r}")
-    correct, reason = value["correct"], value["reason"]  # pyright: ignore[reportUnknownVariableType]
-    if not isinstance(correct, bool) or not isinstance(reason, str):
-        raise ValueError(f"'correct' must be true/false and 'reason' a string: {content[:200]!r}")
-    return Verdict(correct=correct, reason=reason)
-
-
-def _render_calls(calls: tuple[ToolCallRecord, ...], limit: int) -> str:
-    lines: list[str] = []
-    for i, call in enumerate(calls, 1):
-        status = "ok" if call.ok else f"error ({call.error_type})"
-        result = call.result if len(call.result) <= limit else call.result[:limit] + " …[truncated]"
-        lines.append(
-            f"{i}. {call.name}({json.dumps(dict(call.arguments), sort_keys=True)}) -> {status}: {result}"
-        )
-    return "\n".join(lines) or "(no tool calls)"
 
 
 def _read_rubric(value: str | Path) -> str:
@@ -134,16 +75,7 @@ def _read_rubric(value: str | Path) -> str:
 
 
 def _check_rubric(_: Judge, __: attrs.Attribute[str], rubric: str) -> None:
-    template = string.Template(rubric)
-    if not template.is_valid():
-        raise ConfigError("judge rubric: a '$' that starts no placeholder (write '$$' for a dollar sign)")
-    names = set(template.get_identifiers())
-    if unknown := names - PLACEHOLDERS:
-        raise ConfigError(
-            f"judge rubric: unknown placeholder(s) {sorted(unknown)}; known: {sorted(PLACEHOLDERS)}"
-        )
-    if "answer" not in names:
-        raise ConfigError("judge rubric: it must place the answer ($answer)")
+    check_rubric(rubric)
 
 
 def _check_url(_: Judge, __: attrs.Attribute[str], url: str) -> None:
@@ -237,7 +169,7 @@ class Judge:
             "prompt": prompt,
             "reference": task.answer or "",
             "answer": episode.answer or "",
-            "tool_calls": _render_calls(episode.tool_calls, self.tool_result_chars),
+            "tool_calls": render_tool_calls(episode.tool_calls, self.tool_result_chars),
             "task_id": task.id,
         }
         user = string.Template(self.rubric).substitute(fields)
