@@ -22,7 +22,7 @@ from structlog.testing import capture_logs
 from mcprl_env import EnvConfig, Environment, FinishedEpisode, PythonChecker, Task, task_from_dict
 from mcprl_env.errors import ConfigError, JudgeError
 from mcprl_env.finished import ToolCallRecord
-from mcprl_env.judge import DEFAULT_RUBRIC, Judge, judge_metrics, parse_verdict
+from mcprl_env.judge import DEFAULT_RUBRIC, Judge, judge_metrics
 from mcprl_env.testing import CharTokenizer, ScriptedSampler
 from mcprl_tools import ToolManager
 
@@ -165,25 +165,6 @@ async def test_a_malformed_verdict_is_retried_then_fails(server: ChatServer, man
     server.replies = [(200, "PASS")]
     assert await judge(episode(manager, "42")) is True  # not cached as a failure: the retry is answered
     assert judge_metrics()["judge/malformed"] == 3
-
-
-def test_the_verdict_rule_is_strict() -> None:
-    assert parse_verdict('{"correct": true, "reason": "ok"}').correct is True
-    assert (
-        parse_verdict('<think>hmm {"a": 1}</think>\n```json\n{"correct": false, "reason": "no"}\n```').reason
-        == "no"
-    )
-    for bad, why in [
-        ("PASS", "not one JSON object"),
-        ('Verdict: {"correct": true, "reason": "ok"}', "not one JSON object"),
-        ('[{"correct": true, "reason": "ok"}]', "a JSON list"),
-        ('{"correct": true}', "expected exactly"),
-        ('{"correct": true, "reason": "ok", "score": 1}', "expected exactly"),
-        ('{"correct": 1, "reason": "ok"}', "must be true/false"),
-        ('{"correct": true, "reason": "a"} {"correct": false, "reason": "b"}', "not one JSON object"),
-    ]:
-        with pytest.raises(ValueError, match=why):
-            parse_verdict(bad)
 
 
 async def test_no_answer_is_incorrect_without_a_request(server: ChatServer, manager: ToolManager) -> None:
