@@ -30,7 +30,7 @@ def test_the_verdict_rule_is_strict() -> None:
 def test_tool_calls_render_one_line_each_with_results_cut() -> None:
     calls = (
         ToolCallRecord(
-            turn=1, name="get_quote", arguments={"symbol": "X"}, ok=True, error_type=None, result="1" * 9
+            turn=1, name="get_quote", arguments={"symbol": "X"}, ok=True, error_type=None, result="1" * 13
         ),
         ToolCallRecord(
             turn=2, name="nope", arguments={}, ok=False, error_type="unknown_tool", result="no such tool"
