@@ -19,7 +19,15 @@ import pytest
 from chat_server import ChatServer, chat_server
 from structlog.testing import capture_logs
 
-from mcprl_env import EnvConfig, Environment, FinishedEpisode, PythonChecker, Task, task_from_dict
+from mcprl_env import (
+    EnvConfig,
+    Environment,
+    FinishedEpisode,
+    PythonChecker,
+    RewardConfig,
+    Task,
+    task_from_dict,
+)
 from mcprl_env.errors import ConfigError, JudgeError
 from mcprl_env.finished import ToolCallRecord
 from mcprl_env.judge import DEFAULT_RUBRIC, Judge, judge_metrics
@@ -257,3 +265,20 @@ def test_a_judged_task_pickles_to_the_live_judge(tmp_path: Path) -> None:
     assert again.checker.resolved.function is task.checker.resolved.function
     other = pickle.loads(pickle.dumps(Judge(base_url="http://127.0.0.1:9/v1", model="other", max_retries=5)))
     assert (other.model, other.max_retries) == ("other", 5)
+
+
+async def test_a_user_reward_function_can_report_an_infrastructure_failure(
+    manager: ToolManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "scoring_infra.py").write_text(
+        "from mcprl_env import CheckerInfraError\n\n"
+        "def style(episode):\n    raise CheckerInfraError('the style endpoint is down')\n"
+    )
+    monkeypatch.chdir(tmp_path)  # reward weight specs resolve from the current directory
+    task = task_from_dict({"id": "plain", "prompt": "What is 3 times 4.5?", "answer": "13.5"})
+    tok = CharTokenizer()
+    weights = {"outcome": 1.0, "scoring_infra.py:style": 0.5}
+    env = Environment(manager=manager, tokenizer=tok, config=EnvConfig(reward=RewardConfig(weights=weights)))
+    ep = await env.run_episode(task, ScriptedSampler(tok, ["<answer>13.5</answer>"]))
+    assert (ep.valid, ep.success, ep.stop_reason) == (False, False, "infra_error")
+    assert ep.error == "reward: the style endpoint is down"
