@@ -5,8 +5,10 @@ from mcprl_env.config import DEFAULT_REWARD_WEIGHTS, EnvConfig, RewardConfig
 from mcprl_env.environment import Environment, episode_id_for, group_id_for
 from mcprl_env.episode import Episode, EpisodeGroup, StopReason
 from mcprl_env.errors import (
+    CheckerInfraError,
     ConfigError,
     EnvError,
+    JudgeError,
     ParseErrorKind,
     TaskValidationError,
     TemplateDriftError,
@@ -55,6 +57,7 @@ __all__ = [
     "ChatTokenizer",
     "CheckResult",
     "Checker",
+    "CheckerInfraError",
     "Completion",
     "ConfigError",
     "ContainsChecker",
@@ -68,6 +71,7 @@ __all__ = [
     "ExactChecker",
     "FinishedEpisode",
     "HermesToolCallParser",
+    "JudgeError",
     "Llama3JsonToolCallParser",
     "MessagePostedChecker",
     "NumericChecker",

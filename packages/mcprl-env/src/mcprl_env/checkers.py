@@ -14,7 +14,7 @@ from typing import assert_never
 
 import attrs
 
-from mcprl_env.errors import UserCodeError
+from mcprl_env.errors import CheckerInfraError, UserCodeError
 from mcprl_env.finished import FinishedEpisode
 from mcprl_env.protocols import ToolCaller
 from mcprl_env.tasks import (
@@ -123,6 +123,8 @@ async def _check_python(checker: PythonChecker, episode: FinishedEpisode | None)
         verdict = await call_user_function(checker.resolved, episode)
     except UserCodeError as exc:
         return CheckResult(correct=False, user_error=exc)
+    except CheckerInfraError as exc:
+        return CheckResult(correct=False, infra_error=f"{checker.function}: {exc}")
     if not isinstance(verdict, bool):
         error = UserCodeError(
             f"{checker.function} returned {verdict!r} ({type(verdict).__name__}); a checker returns True or False",

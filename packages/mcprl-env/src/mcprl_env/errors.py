@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Literal
 
 __all__ = [
+    "CheckerInfraError",
     "ConfigError",
     "EnvError",
+    "JudgeError",
     "ParseErrorKind",
     "TaskValidationError",
     "TemplateDriftError",
@@ -68,6 +70,19 @@ class UserCodeError(EnvError, RuntimeError):
         self.task_id = task_id
         self.traceback_text = traceback_text
         super().__init__(f"task {task_id!r}: {message}")
+
+
+class CheckerInfraError(EnvError, RuntimeError):
+    """A checker could not reach a verdict for infrastructure reasons (an endpoint down, a timeout).
+
+    Raised from a ``python`` checker, it makes the episode invalid with stop reason ``infra_error``: masked out
+    of the baseline and the loss like a tool server's crash, never scored as the model's failure nor reported
+    as a bug in the user's code.
+    """
+
+
+class JudgeError(CheckerInfraError):
+    """An LLM judge gave no verdict: HTTP errors, timeouts or unparseable verdicts after its retries."""
 
 
 class TaskValidationError(EnvError, ValueError):

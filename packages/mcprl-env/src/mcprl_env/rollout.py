@@ -21,7 +21,7 @@ import structlog
 from mcprl_env.checkers import check_outcome
 from mcprl_env.config import EnvConfig
 from mcprl_env.episode import Episode
-from mcprl_env.errors import TemplateDriftError, ToolCallParseError, UserCodeError
+from mcprl_env.errors import CheckerInfraError, TemplateDriftError, ToolCallParseError, UserCodeError
 from mcprl_env.finished import FinishedEpisode, ToolCallRecord
 from mcprl_env.metrics import MODEL_FAULT_TOOL_ERRORS, EpisodeStats
 from mcprl_env.parsing import ParsedTurn, ToolCall, ToolCallParser
@@ -297,6 +297,9 @@ class _Rollout:
                 )
             except UserCodeError as exc:
                 return self.user_code_failed(exc, stop.reason, started)
+            except CheckerInfraError as exc:
+                valid, error, success = False, f"reward: {exc}", False
+                stop = _Stop("infra_error", valid=False, error=error)
         return self.record(
             stop.reason, valid=valid, error=error, success=success, started=started, user_values=user_values
         )

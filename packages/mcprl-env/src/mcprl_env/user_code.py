@@ -23,7 +23,7 @@ from types import ModuleType
 
 import attrs
 
-from mcprl_env.errors import UserCodeError, UserCodeImportError
+from mcprl_env.errors import CheckerInfraError, UserCodeError, UserCodeImportError
 from mcprl_env.finished import FinishedEpisode
 
 __all__ = ["UserFunction", "call_user_function", "is_user_spec", "load_user_function"]
@@ -142,11 +142,14 @@ async def call_user_function(user: UserFunction, episode: FinishedEpisode) -> ob
 
     Raises:
         UserCodeError: The function raised; the error names the spec and the task and holds the traceback.
+        CheckerInfraError: The function said its check could not run (passed through: not a bug in it).
     """
     try:
         result = user.function(episode)
         if inspect.isawaitable(result):
             result = await result
+    except CheckerInfraError:
+        raise
     except Exception as exc:
         raise UserCodeError(
             f"{user.spec} raised {type(exc).__name__}: {exc}",

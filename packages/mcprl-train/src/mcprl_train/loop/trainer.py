@@ -18,6 +18,7 @@ import anyio
 import structlog
 
 from mcprl_env import Environment, EpisodeGroup, Task
+from mcprl_env.judge import judge_metrics
 from mcprl_policy import Policy, PolicySampler
 from mcprl_policy.decode import end_of_turn_ids
 from mcprl_train import build, collectives
@@ -322,11 +323,14 @@ class Trainer:
     def log_metrics(
         self, kind: MetricKind, step: int, metrics: dict[str, float], *, tag: str | None = None
     ) -> None:
-        """One `metrics.jsonl` record; SFT records carry GRPO step 0 (so a resume rewinds by GRPO step)."""
+        """One `metrics.jsonl` record; SFT records carry GRPO step 0 (so a resume rewinds by GRPO step).
+
+        The LLM judges' counters since the last record (`mcprl_env.judge.judge_metrics`) join it.
+        """
         record: dict[str, Any] = {"stage": self.state.stage, "sft_step": self.state.sft_step}
         if tag is not None:
             record["tag"] = tag
-        record.update({k: float(v) for k, v in metrics.items()})
+        record.update({k: float(v) for k, v in (metrics | judge_metrics()).items()})
         self.history.append({"kind": kind, "step": step, **record})
         self.sinks.write_metrics(kind, step, record)
 
