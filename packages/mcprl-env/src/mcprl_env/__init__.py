@@ -31,6 +31,7 @@ from mcprl_env.parsing import (
 from mcprl_env.protocols import ChatTokenizer, Completion, Sampler, ToolCaller, ToolOutcome, ToolSpecLike
 from mcprl_env.rewards import RewardContext, RewardFunction, combine_rewards, register_reward_function
 from mcprl_env.rollout import ToolAccess, run_episode
+from mcprl_env.seeds import derive_seed, turn_seed
 from mcprl_env.tasks import (
     Checker,
     ContainsChecker,
@@ -90,6 +91,7 @@ __all__ = [
     "check_outcome",
     "checker_from_dict",
     "combine_rewards",
+    "derive_seed",
     "detect_parser_family",
     "episode_id_for",
     "extract_number",
@@ -103,4 +105,5 @@ __all__ = [
     "resolve_parser",
     "run_episode",
     "task_from_dict",
+    "turn_seed",
 ]
