@@ -56,7 +56,7 @@ from mcprl_policy.errors import MissingExtraError, SamplerError
 from mcprl_policy.fingerprint import Fingerprint, weights_fingerprint
 from mcprl_policy.policy import Policy
 
-__all__ = ["VLLMSampler", "require_vllm"]
+__all__ = ["VLLMSampler", "request_sampling_kwargs", "require_vllm"]
 
 _log = structlog.get_logger()
 
@@ -90,6 +90,30 @@ def check_head_size(head_dim: int, supported: Sequence[int], *, model: str) -> N
             f"head_dim={head_dim}: use the HF sampler (sampler.backend=hf) or a model with a supported head "
             "size (the embedded `tiny` has 32; `tiny-8h` has 16)"
         )
+
+
+def request_sampling_kwargs(
+    params: SamplingParams, *, max_tokens: int, seed: int | None, stop_token_ids: Sequence[int]
+) -> dict[str, Any]:
+    """The keyword arguments of one request's ``vllm.SamplingParams``.
+
+    ``seed`` gives the request its own generator in vLLM (independent of the batch); ``None``: the engine's.
+    """
+    p = params
+    return {
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k if p.top_k > 0 else -1,
+        "repetition_penalty": p.repetition_penalty,
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "stop": list(p.stop) or None,
+        "include_stop_str_in_output": True,
+        "logprobs": 0,
+        "stop_token_ids": list(stop_token_ids),
+        # Stop strings need vLLM's incremental detokenizer; otherwise the text is decoded here once.
+        "detokenize": bool(p.stop),
+    }
 
 
 def _cpu_head_sizes() -> list[int] | None:
@@ -335,22 +359,12 @@ class VLLMSampler:
     def _generate(self, batch: list[_Pending]) -> list[Completion]:
         self._engine.sync(self.policy, force=False)  # no-op unless the weights changed since the last push
         vllm = self._vllm
-        p = self.params
         prompts = [vllm.TokensPrompt(prompt_token_ids=r.prompt_ids) for r in batch]
         params = [
             vllm.SamplingParams(
-                temperature=p.temperature,
-                top_p=p.top_p,
-                top_k=p.top_k if p.top_k > 0 else -1,
-                repetition_penalty=p.repetition_penalty,
-                max_tokens=r.max_new_tokens,
-                seed=r.seed,
-                stop=list(p.stop) or None,
-                include_stop_str_in_output=True,
-                logprobs=0,
-                stop_token_ids=self._stop_ids,
-                # Stop strings need vLLM's incremental detokenizer; otherwise the text is decoded here once.
-                detokenize=bool(p.stop),
+                **request_sampling_kwargs(
+                    self.params, max_tokens=r.max_new_tokens, seed=r.seed, stop_token_ids=self._stop_ids
+                )
             )
             for r in batch
         ]
