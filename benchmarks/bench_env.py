@@ -58,9 +58,11 @@ class TimedSampler:
     def __init__(self, inner: ScriptedSampler) -> None:
         self.inner, self.spent = inner, 0.0
 
-    async def sample(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> ScriptedCompletion:
+    async def sample(
+        self, prompt_ids: Sequence[int], *, max_new_tokens: int, seed: int | None = None
+    ) -> ScriptedCompletion:
         t = time.perf_counter()
-        out = await self.inner.sample(prompt_ids, max_new_tokens=max_new_tokens)
+        out = await self.inner.sample(prompt_ids, max_new_tokens=max_new_tokens, seed=seed)
         self.spent += time.perf_counter() - t
         return out
 

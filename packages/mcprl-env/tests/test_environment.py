@@ -76,14 +76,16 @@ class GaugedSampler:
         self.release_at = release_at
         self.released = anyio.Event()
 
-    async def sample(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> ScriptedCompletion:
+    async def sample(
+        self, prompt_ids: Sequence[int], *, max_new_tokens: int, seed: int | None = None
+    ) -> ScriptedCompletion:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         if self.in_flight >= self.release_at:
             self.released.set()
         await self.released.wait()
         self.in_flight -= 1
-        return await self.inner.sample(prompt_ids, max_new_tokens=max_new_tokens)
+        return await self.inner.sample(prompt_ids, max_new_tokens=max_new_tokens, seed=seed)
 
 
 async def test_run_groups_caps_concurrent_episodes_and_keeps_task_order(manager: ToolManager) -> None:

@@ -180,7 +180,7 @@ async def test_sampler_failure_is_recorded_not_raised(manager: ToolManager) -> N
 
 async def test_wall_clock_limit_stops_a_stuck_sampler(manager: ToolManager) -> None:
     class Stuck:
-        async def sample(self, prompt_ids: object, *, max_new_tokens: int) -> object:
+        async def sample(self, prompt_ids: object, *, max_new_tokens: int, seed: int | None = None) -> object:
             await anyio.Event().wait()
             raise AssertionError("unreachable")
 

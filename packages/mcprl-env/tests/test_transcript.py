@@ -62,7 +62,9 @@ async def test_sampler_ids_are_kept_even_when_not_canonical(manager: ToolManager
     class Noncanonical:
         """Samples the answer with an id the tokenizer would never produce for it (an out-of-vocab id)."""
 
-        async def sample(self, prompt_ids: Any, *, max_new_tokens: int) -> ScriptedCompletion:
+        async def sample(
+            self, prompt_ids: Any, *, max_new_tokens: int, seed: int | None = None
+        ) -> ScriptedCompletion:
             ids = [*CharTokenizer().encode("13.5"), 2]
             return ScriptedCompletion(token_ids=ids, logprobs=[-1.0] * 5, text="13.5", finish_reason="stop")
 

@@ -33,6 +33,7 @@ class _Doubler:
             finished=lambda: request.result is not None,
             drive=self._drive,
             hand_off=self._hand_off,
+            abandon=lambda: self._abandon(request),
         )
         assert request.result is not None
         return request.result
@@ -50,6 +51,10 @@ class _Doubler:
     def _hand_off(self) -> None:
         if self.pending:
             self.pending[0].wake.set()
+
+    def _abandon(self, request: _Request) -> None:
+        if request in self.pending:
+            self.pending.remove(request)
 
 
 async def _submit_all(doubler: _Doubler, values: list[int]) -> list[int]:
@@ -86,6 +91,36 @@ def test_the_driver_role_passes_on_until_every_request_is_served() -> None:
     assert anyio.run(_submit_all, doubler, values) == [2 * v for v in values]
     assert all(len(b) <= 2 for b in doubler.batches)
     assert sorted(v for b in doubler.batches for v in b) == values
+
+
+def test_a_waiter_cancelled_just_after_being_picked_to_drive_passes_the_role_on() -> None:
+    """The driver's hand-off wakes a waiter whose cancellation has been requested but not yet delivered: the
+    waiter leaves without driving, so it must pass the role on, or every other waiter sleeps forever."""
+    doubler = _Doubler(max_batch_size=1, max_wait_ms=0)
+    scopes: dict[str, anyio.CancelScope] = {}
+    results: dict[str, int] = {}
+    hand_off = doubler._hand_off
+
+    def cancel_the_next_then_hand_off() -> None:
+        if doubler.pending and doubler.pending[0].value == 2:
+            scopes["second"].cancel()  # delivered before the wake-up is seen: the picked waiter never drives
+        hand_off()
+
+    doubler._hand_off = cancel_the_next_then_hand_off  # type: ignore[method-assign]
+
+    async def submit(name: str, value: int) -> None:
+        with scopes.setdefault(name, anyio.CancelScope()):
+            results[name] = await doubler.submit(value)
+
+    async def main() -> None:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for name, value in (("first", 1), ("second", 2), ("third", 3)):
+                    tg.start_soon(submit, name, value)
+
+    anyio.run(main)
+    assert results == {"first": 2, "third": 6}
+    assert doubler.batches == [[1], [3]]
 
 
 @pytest.mark.parametrize(("size", "wait"), [(0, 5.0), (1, -1.0)])

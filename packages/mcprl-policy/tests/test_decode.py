@@ -43,8 +43,11 @@ def _engine(model: Any, tokenizer: Any, params: SamplingParams) -> DecodeEngine:
     )
 
 
-def _run_two_turns(engine: DecodeEngine, tokenizer: Any) -> None:
-    """Prefill, decode, drop finished rows, then next turns that reuse the cached prefixes."""
+def _run_two_turns(engine: DecodeEngine, tokenizer: Any, *, seeded: bool = False) -> None:
+    """Prefill, decode, drop finished rows, then next turns that reuse the cached prefixes.
+
+    ``seeded``: the first turns carry per-request seeds (their own generators), the second turns do not.
+    """
     prompts = [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": f"price of ACME {i}" + " now" * i}],
@@ -54,7 +57,10 @@ def _run_two_turns(engine: DecodeEngine, tokenizer: Any) -> None:
         )
         for i in range(3)
     ]
-    turns = [DecodeRequest(prompt_ids=p, max_new_tokens=3 + i) for i, p in enumerate(prompts)]
+    turns = [
+        DecodeRequest(prompt_ids=p, max_new_tokens=3 + i, seed=100 + i if seeded else None)
+        for i, p in enumerate(prompts)
+    ]
     engine.pending.extend(turns)
     while not engine.idle:
         engine.run_until_finished()
@@ -93,12 +99,13 @@ def recorded_generators(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.dev
     return draws
 
 
+@pytest.mark.parametrize("seeded", [False, True])
 def test_every_draw_uses_a_generator_made_for_the_probabilities_device(
-    model_and_tokenizer: tuple[Any, Any], recorded_generators: list[tuple[torch.device, Any]]
+    model_and_tokenizer: tuple[Any, Any], recorded_generators: list[tuple[torch.device, Any]], seeded: bool
 ) -> None:
     model, tokenizer = model_and_tokenizer
     engine = _engine(model, tokenizer, SamplingParams(temperature=1.0, top_p=0.9, seed=5))
-    _run_two_turns(engine, tokenizer)
+    _run_two_turns(engine, tokenizer, seeded=seeded)
     device = next(model.parameters()).device
     assert recorded_generators, "the engine never sampled"
     for probs_device, generator in recorded_generators:

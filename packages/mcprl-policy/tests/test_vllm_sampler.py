@@ -27,7 +27,7 @@ from mcprl_policy import (
     SamplerError,
     SamplingParams,
 )
-from mcprl_policy.vllm_sampler import VLLMSampler, check_head_size, require_vllm
+from mcprl_policy.vllm_sampler import VLLMSampler, check_head_size, request_sampling_kwargs, require_vllm
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (run scripts/test-vllm-cpu.sh)")
@@ -238,3 +238,14 @@ def test_the_sampler_refuses_tiny_8h_on_a_cpu_vllm(tmp_path: Path) -> None:
         pytest.skip("the check is for vLLM's CPU attention backend")
     with pytest.raises(SamplerError, match="head_dim=16"):
         VLLMSampler(Policy.from_pretrained("tiny-8h"))
+
+
+def test_a_request_seed_reaches_vllms_sampling_params() -> None:
+    """vllm is not needed to build the keyword arguments; with it installed they are also fed to vLLM."""
+    params = SamplingParams(temperature=0.7, top_p=0.9, stop=("</answer>",))
+    seeded = request_sampling_kwargs(params, max_tokens=12, seed=2**62 + 3, stop_token_ids=[2, 7])
+    assert seeded["seed"] == 2**62 + 3
+    assert (seeded["max_tokens"], seeded["stop_token_ids"], seeded["top_k"]) == (12, [2, 7], -1)
+    assert request_sampling_kwargs(params, max_tokens=12, seed=None, stop_token_ids=[2])["seed"] is None
+    if importlib.util.find_spec("vllm") is not None:
+        assert require_vllm().SamplingParams(**seeded).seed == 2**62 + 3

@@ -36,6 +36,7 @@ from mcprl_env.parsing import (
 from mcprl_env.protocols import ChatTokenizer, Completion, Sampler, ToolCaller, ToolOutcome, ToolSpecLike
 from mcprl_env.rewards import RewardContext, RewardFunction, combine_rewards, register_reward_function
 from mcprl_env.rollout import ToolAccess, run_episode
+from mcprl_env.seeds import derive_seed, turn_seed
 from mcprl_env.tasks import (
     Checker,
     ContainsChecker,
@@ -107,6 +108,7 @@ __all__ = [
     "checker_from_dict",
     "checker_to_dict",
     "combine_rewards",
+    "derive_seed",
     "detect_parser_family",
     "episode_id_for",
     "extract_number",
@@ -121,4 +123,5 @@ __all__ = [
     "resolve_parser",
     "run_episode",
     "task_from_dict",
+    "turn_seed",
 ]

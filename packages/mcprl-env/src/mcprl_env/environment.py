@@ -74,9 +74,15 @@ class Environment:
         return access
 
     async def run_episode(
-        self, task: Task, sampler: Sampler, *, index: int = 0, namespace: str | None = None
+        self,
+        task: Task,
+        sampler: Sampler,
+        *,
+        index: int = 0,
+        namespace: str | None = None,
+        seed: int | None = None,
     ) -> Episode:
-        """Run one episode of ``task``; never raises except on cancellation."""
+        """Run one episode of ``task``; never raises except on cancellation (``seed``: see `run_group`)."""
         return await run_episode(
             task,
             sampler,
@@ -87,6 +93,7 @@ class Environment:
             episode_id=episode_id_for(task.id, index, namespace),
             group_id=group_id_for(task.id, namespace),
             access=self.tool_access,
+            seed=seed,
         )
 
     async def run_group(
@@ -97,6 +104,7 @@ class Environment:
         group_size: int,
         namespace: str | None = None,
         limiter: anyio.CapacityLimiter | None = None,
+        seed: int | None = None,
     ) -> EpisodeGroup:
         """Run ``group_size`` episodes of ``task`` concurrently.
 
@@ -106,6 +114,9 @@ class Environment:
             group_size: G, the number of episodes.
             namespace: Prefix of episode and group ids (see `episode_id_for`).
             limiter: Caps concurrent episodes (shared across groups by `run_groups`); None runs all G at once.
+            seed: Turn ``t`` of each episode is sampled with ``turn_seed(seed, episode_id, t)``
+                (`mcprl_env.seeds`): episodes then do not depend on arrival order or batch composition.
+                None: the sampler's own randomness.
 
         Returns:
             The group, episodes in index order. One failing episode is recorded invalid, never raised.
@@ -126,6 +137,7 @@ class Environment:
                     episode_id=episode_id_for(task.id, i, namespace),
                     group_id=group_id_for(task.id, namespace),
                     access=self.tool_access,
+                    seed=seed,
                 )
 
             if limiter is None:
@@ -150,10 +162,11 @@ class Environment:
         max_concurrent_episodes: int = 64,
         namespace: str | None = None,
         on_group: Callable[[EpisodeGroup], None] | None = None,
+        seed: int | None = None,
     ) -> list[EpisodeGroup]:
         """Run a group per task, all at once, with at most ``max_concurrent_episodes`` episodes in flight.
 
-        ``on_group`` is called with each group as it finishes (progress display).
+        ``on_group`` is called with each group as it finishes (progress display); ``seed``: see `run_group`.
 
         Returns:
             The groups in task order.
@@ -169,7 +182,7 @@ class Environment:
 
         async def one(i: int, task: Task) -> None:
             groups[i] = group = await self.run_group(
-                task, sampler, group_size=group_size, namespace=namespace, limiter=limiter
+                task, sampler, group_size=group_size, namespace=namespace, limiter=limiter, seed=seed
             )
             if on_group is not None:
                 on_group(group)

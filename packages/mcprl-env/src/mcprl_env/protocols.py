@@ -36,8 +36,14 @@ class Completion(Protocol):
 class Sampler(Protocol):
     """Generates the next assistant turn from exact prompt token ids."""
 
-    async def sample(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> Completion:
-        """Sample at most ``max_new_tokens`` ids continuing ``prompt_ids``."""
+    async def sample(
+        self, prompt_ids: Sequence[int], *, max_new_tokens: int, seed: int | None = None
+    ) -> Completion:
+        """Sample at most ``max_new_tokens`` ids continuing ``prompt_ids``.
+
+        ``seed`` (from `mcprl_env.seeds.turn_seed`) makes the draw a function of the prompt and the seed alone,
+        whatever other requests are in flight; ``None``: the sampler's own randomness.
+        """
         ...
 
 

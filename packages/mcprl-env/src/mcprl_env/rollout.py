@@ -27,6 +27,7 @@ from mcprl_env.metrics import MODEL_FAULT_TOOL_ERRORS, EpisodeStats
 from mcprl_env.parsing import ParsedTurn, ToolCall, ToolCallParser
 from mcprl_env.protocols import ChatTokenizer, Sampler, ToolCaller, ToolOutcome
 from mcprl_env.rewards import RewardContext, combine_rewards, user_reward_values
+from mcprl_env.seeds import turn_seed
 from mcprl_env.sessions import SessionWatch
 from mcprl_env.tasks import Task
 from mcprl_env.transcript import Transcript
@@ -92,13 +93,14 @@ class _Rollout:
         access: ToolAccess | Callable[[Task], ToolAccess] | None,
         episode_id: str,
         group_id: str,
+        seed: int | None,
     ) -> None:
         self.sessions = SessionWatch(manager)
         self.task, self.sampler, self.manager, self.tok = task, sampler, self.sessions, tokenizer
         self.config, self.parser = config, parser
         self._access: ToolAccess | None = access if isinstance(access, ToolAccess) else None
         self._resolve = access if callable(access) else partial(ToolAccess.for_task, manager)
-        self.episode_id, self.group_id = episode_id, group_id
+        self.episode_id, self.group_id, self.seed = episode_id, group_id, seed
         self.max_turns = config.max_turns_for(task.difficulty, task.max_turns)
         self.stats = EpisodeStats()
         self.transcript = Transcript(
@@ -123,7 +125,10 @@ class _Rollout:
             if remaining < self.config.min_new_tokens:
                 return _Stop("token_budget")
             max_new = min(self.config.max_new_tokens_per_turn, remaining)
-            completion = await self.sampler.sample(list(self.transcript.token_ids), max_new_tokens=max_new)
+            seed = None if self.seed is None else turn_seed(self.seed, self.episode_id, self.stats.turns)
+            completion = await self.sampler.sample(
+                list(self.transcript.token_ids), max_new_tokens=max_new, seed=seed
+            )
             if len(completion.token_ids) > max_new:
                 raise ValueError(
                     f"sampler returned {len(completion.token_ids)} ids for max_new_tokens={max_new}"
@@ -403,6 +408,7 @@ async def run_episode(
     episode_id: str,
     group_id: str,
     access: ToolAccess | Callable[[Task], ToolAccess] | None = None,
+    seed: int | None = None,
 ) -> Episode:
     """Run one episode to its end; never raises except on cancellation.
 
@@ -417,6 +423,8 @@ async def run_episode(
         group_id: The group's id.
         access: The task's tools, or a function of the task returning them (computed inside the episode
             boundary, so a failure becomes the episode's error); None: `ToolAccess.for_task`.
+        seed: The collection's seed: turn ``t`` is sampled with ``turn_seed(seed, episode_id, t)``, so the
+            episode does not depend on what else the sampler is serving; None: the sampler's own randomness.
 
     Returns:
         The episode; ``valid=False`` with ``error`` set when something other than the model failed.
@@ -432,6 +440,7 @@ async def run_episode(
         access=access,
         episode_id=episode_id,
         group_id=group_id,
+        seed=seed,
     )
     timeout = config.episode_timeout_s if config.episode_timeout_s is not None else float("inf")
     try:

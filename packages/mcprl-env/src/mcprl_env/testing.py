@@ -257,10 +257,14 @@ class ScriptedSampler:
         self._eos = eos
         self._header = assistant_header
         self.calls: list[tuple[list[int], int]] = []
+        self.seeds: list[int | None] = []
 
-    async def sample(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> ScriptedCompletion:
-        """Return the scripted turn for this prompt, cut to ``max_new_tokens``."""
+    async def sample(
+        self, prompt_ids: Sequence[int], *, max_new_tokens: int, seed: int | None = None
+    ) -> ScriptedCompletion:
+        """Return the scripted turn for this prompt, cut to ``max_new_tokens`` (``seed`` is recorded, unused)."""
         self.calls.append((list(prompt_ids), max_new_tokens))
+        self.seeds.append(seed)
         prompt_text = self._tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
         turn = max(prompt_text.count(self._header) - 1, 0)
         if callable(self._script):

@@ -4,8 +4,10 @@ Each caller queues its request (in the sampler's own queue) and calls `Batcher.s
 nobody driving becomes the *driver*: its ``drive`` callback waits a bounded time for more requests
 (`Batcher.gather`: until ``max_batch_size`` are queued, at most ``max_wait_ms``), then runs generation,
 waking the callers whose requests finished. When the driver returns (its own request done, or cancelled, or
-failed) the role passes to a waiting caller the sampler picks (``hand_off``). Generation only runs while some
-caller awaits it, so nothing outlives the callers.
+failed) the role passes to a waiting caller the sampler picks (``hand_off``). A caller that leaves early
+(cancelled while waiting, perhaps just after being picked to drive) first withdraws its request
+(``abandon``), then passes the role on itself when nobody drives, so the role never goes to a caller that is
+gone. Generation only runs while some caller awaits it, so nothing outlives the callers.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class Batcher:
         finished: Callable[[], bool],
         drive: Callable[[], Awaitable[None]],
         hand_off: Callable[[], None],
+        abandon: Callable[[], None],
     ) -> None:
         """Return once ``finished()``; drive whenever nobody else does, else sleep on ``wake``.
 
@@ -80,17 +83,26 @@ class Batcher:
                 it starts with `gather`.
             hand_off: called when a drive ends, to `Wakeup.set` one caller whose request still needs
                 generating (or to clean up when there is none).
+            abandon: called when this caller leaves on an exception (cancelled, or its drive failed), before
+                any hand-off: withdraw its request so that ``hand_off`` never picks it.
         """
-        while not finished():
-            if not self._driving:
-                self._driving = True
-                try:
-                    await drive()
-                finally:
-                    self._driving = False
+        try:
+            while not finished():
+                if not self._driving:
+                    self._driving = True
+                    try:
+                        await drive()
+                    finally:
+                        self._driving = False
                     hand_off()
-            else:
-                await wake.wait()
+                else:
+                    await wake.wait()
+        except BaseException:
+            abandon()
+            # A cancelled waiter may have been picked to drive an instant before its cancellation landed.
+            if not self._driving:
+                hand_off()
+            raise
 
     async def gather(self, waiting: int, *, busy: bool = False) -> None:
         """The driver's bounded wait for a fuller batch.

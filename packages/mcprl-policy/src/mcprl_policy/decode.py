@@ -38,11 +38,13 @@ class DecodeRequest:
 
     prompt_ids: list[int]
     max_new_tokens: int
+    seed: int | None = None
     token_ids: list[int] = attrs.field(factory=list)
     logprobs: list[float] = attrs.field(factory=list)
     finish_reason: FinishReason | None = None
     cancelled: bool = False
     error: BaseException | None = None
+    rng: torch.Generator | None = attrs.field(default=None, init=False, repr=False)
 
     @property
     def finished(self) -> bool:
@@ -316,8 +318,8 @@ class DecodeEngine:
         if p.greedy:
             tokens = scores.argmax(-1)
         else:
-            generator = self.generator(scores.device)
-            tokens = _sample(scores / p.temperature, top_k=p.top_k, top_p=p.top_p, generator=generator)
+            probs = _truncated_probs(scores / p.temperature, top_k=p.top_k, top_p=p.top_p)
+            tokens = self._draw(probs, rows)
         chosen = logp.gather(-1, tokens[:, None]).squeeze(-1).tolist()
         for request, token, lp in zip(rows, tokens.tolist(), chosen, strict=True):
             request.token_ids.append(token)
@@ -325,6 +327,30 @@ class DecodeEngine:
         if seen is not None:
             seen.scatter_(1, tokens[:, None], True)
         return tokens
+
+    def _draw(self, probs: torch.Tensor, rows: list[DecodeRequest]) -> torch.Tensor:
+        """One id per row of ``probs`` ``(B, V)``: seeded rows from their own generators, others the engine's.
+
+        A seeded request's generator (on the probabilities' device, seeded with ``request.seed``) advances only
+        with that request's draws, so its tokens do not depend on which rows share its batch or in what order
+        they were admitted: that costs one ``multinomial`` call per seeded row instead of one per batch.
+        """
+        device = probs.device
+        if all(r.seed is None for r in rows):
+            return torch.multinomial(probs, 1, generator=self.generator(device)).squeeze(-1)
+        draws = [
+            torch.multinomial(probs[i : i + 1], 1, generator=self._request_generator(r, device))
+            for i, r in enumerate(rows)
+        ]
+        return torch.cat(draws).squeeze(-1)
+
+    def _request_generator(self, request: DecodeRequest, device: torch.device) -> torch.Generator:
+        if request.seed is None:
+            return self.generator(device)
+        if request.rng is None:
+            request.rng = torch.Generator(device=device)
+            request.rng.manual_seed(request.seed)
+        return request.rng
 
     def _finish_rows(self) -> list[DecodeRequest]:
         for request in self._rows:
@@ -433,8 +459,8 @@ def _pad_left(tensor: torch.Tensor, width: int, *, dim: int = 1) -> torch.Tensor
     return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
-def _sample(scores: torch.Tensor, *, top_k: int, top_p: float, generator: torch.Generator) -> torch.Tensor:
-    """Draw one id per row from ``softmax(scores)`` after top-k and top-p (Holtzman et al. 2020) truncation."""
+def _truncated_probs(scores: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
+    """``softmax(scores)`` ``(B, V)`` after top-k and top-p (Holtzman et al. 2020) truncation, row by row."""
     if top_k > 0 and top_k < scores.shape[-1]:
         kth = scores.topk(top_k, dim=-1).values[:, -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -445,8 +471,7 @@ def _sample(scores: torch.Tensor, *, top_k: int, top_p: float, generator: torch.
         drop_sorted = (cumulative - sorted_scores.softmax(-1)) >= top_p
         drop = drop_sorted.scatter(1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
-    probs = scores.softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return scores.softmax(-1)
 
 
 @contextmanager

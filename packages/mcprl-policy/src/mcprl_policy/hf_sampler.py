@@ -102,49 +102,53 @@ class HFSampler:
             "sampler/prefix_reused_tokens": float(s.prefix_tokens),
         }
 
-    async def sample(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> Completion:
+    async def sample(
+        self, prompt_ids: Sequence[int], *, max_new_tokens: int, seed: int | None = None
+    ) -> Completion:
         """Generate one continuation of ``prompt_ids`` (batched with concurrent calls).
+
+        With ``seed`` the request draws from its own generator (seeded with it), so its tokens do not depend
+        on the other requests in flight or their order; without, it draws from the engine's generator
+        (seeded with ``params.seed``), shared with every unseeded request.
 
         Raises:
             SamplerError: empty prompt, ``max_new_tokens < 1``, an id outside the vocabulary, or a failure
                 of the model while this request was in flight.
         """
         prompt = [int(t) for t in prompt_ids]
-        self._validate(prompt, max_new_tokens)
-        waiter = _Waiter(request=DecodeRequest(prompt_ids=prompt, max_new_tokens=max_new_tokens))
-        self._waiters[id(waiter.request)] = waiter
-        self.engine.pending.append(waiter.request)
+        self._validate(prompt, max_new_tokens, seed)
+        request = DecodeRequest(prompt_ids=prompt, max_new_tokens=max_new_tokens, seed=seed)
+        waiter = _Waiter(request=request)
+        self._waiters[id(request)] = waiter
+
+        def abandon() -> None:
+            request.cancelled = True
+            self._waiters.pop(id(request), None)
+
+        self.engine.pending.append(request)
         self._batcher.queued(len(self.engine.pending))
-        try:
-            await self._batcher.serve(
-                waiter.wake,
-                finished=lambda: waiter.request.finished,
-                drive=lambda: self._drive(waiter.request),
-                hand_off=self._hand_off,
-            )
-        except BaseException:
-            waiter.request.cancelled = True
-            raise
-        finally:
-            del self._waiters[id(waiter.request)]
-        return self._completion(waiter.request)
+        await self._batcher.serve(
+            waiter.wake,
+            finished=lambda: request.finished,
+            drive=lambda: self._drive(request),
+            hand_off=self._hand_off,
+            abandon=abandon,
+        )
+        del self._waiters[id(request)]
+        return self._completion(request)
 
     async def _drive(self, own: DecodeRequest) -> None:
-        try:
-            await self._batcher.gather(len(self.engine.pending), busy=bool(self.engine.active))
-            while not own.finished:
-                try:
-                    finished = await anyio.to_thread.run_sync(self.engine.run_until_finished)
-                except Exception as exc:
-                    _log.error("sampler_generation_failed", error=repr(exc))
-                    finished = self.engine.fail_all(SamplerError(f"generation failed: {exc!r}"))
-                for request in finished:
-                    self._wake(request)
-                if not finished and not own.finished:
-                    raise SamplerError("the decode engine went idle before this request finished")
-        except BaseException:
-            own.cancelled = True  # before the hand-off, so nobody is asked to drive for it
-            raise
+        await self._batcher.gather(len(self.engine.pending), busy=bool(self.engine.active))
+        while not own.finished:
+            try:
+                finished = await anyio.to_thread.run_sync(self.engine.run_until_finished)
+            except Exception as exc:
+                _log.error("sampler_generation_failed", error=repr(exc))
+                finished = self.engine.fail_all(SamplerError(f"generation failed: {exc!r}"))
+            for request in finished:
+                self._wake(request)
+            if not finished and not own.finished:
+                raise SamplerError("the decode engine went idle before this request finished")
 
     def _wake(self, request: DecodeRequest) -> None:
         waiter = self._waiters.get(id(request))
@@ -159,11 +163,15 @@ class HFSampler:
                 return
         self.engine.discard_cancelled()
 
-    def _validate(self, prompt: list[int], max_new_tokens: int) -> None:
+    def _validate(self, prompt: list[int], max_new_tokens: int, seed: int | None) -> None:
         if not prompt:
             raise SamplerError("empty prompt")
         if max_new_tokens < 1:
             raise SamplerError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if seed is not None and not 0 <= seed < 2**64:
+            raise SamplerError(
+                f"a request seed must be in [0, 2**64) (torch.Generator.manual_seed), got {seed}"
+            )
         bad = [t for t in prompt if not 0 <= t < self._vocab_size]
         if bad:
             raise SamplerError(f"prompt ids outside the vocabulary (size {self._vocab_size}): {bad[:5]}")

@@ -14,8 +14,10 @@ __all__ = ["PolicySampler"]
 class PolicySampler(Protocol):
     """What the trainer needs from a sampler (`HFSampler`, `VLLMSampler`): type samplers with this, not getattr."""
 
-    async def sample(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> Completion:
-        """Generate one continuation of ``prompt_ids``."""
+    async def sample(
+        self, prompt_ids: Sequence[int], *, max_new_tokens: int, seed: int | None = None
+    ) -> Completion:
+        """Generate one continuation of ``prompt_ids``; with ``seed``, a function of prompt, seed and weights."""
         ...
 
     def sync_weights(self) -> bool:

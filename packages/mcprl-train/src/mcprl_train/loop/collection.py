@@ -35,6 +35,7 @@ async def collect_groups(
     max_retries: int,
     namespace: str | None = None,
     on_group: Callable[[EpisodeGroup], None] | None = None,
+    seed: int | None = None,
 ) -> list[EpisodeGroup]:
     """Run one group of `group_size` episodes per task, concurrently; retry groups hit by infra failures.
 
@@ -44,6 +45,8 @@ async def collect_groups(
 
     Args:
         on_group: Called with each group as it finishes (progress bars).
+        seed: The collection's sampling seed (`mcprl_env.turn_seed` derives each turn's seed from it and the
+            episode id, retries included); None: the sampler's own randomness.
 
     Returns:
         One group per task, in task order.
@@ -55,6 +58,7 @@ async def collect_groups(
         max_concurrent_episodes=max_concurrent_episodes,
         namespace=namespace,
         on_group=on_group,
+        seed=seed,
     )
     for attempt in range(1, max_retries + 1):
         bad = [i for i, g in enumerate(groups) if 2 * count_invalid(g) > len(g.episodes)]
@@ -67,6 +71,7 @@ async def collect_groups(
             group_size=group_size,
             max_concurrent_episodes=max_concurrent_episodes,
             namespace=f"{namespace or 'rollout'}.retry{attempt}",
+            seed=seed,
         )
         for i, g in zip(bad, again, strict=True):
             groups[i] = g
@@ -83,11 +88,13 @@ async def collect_share(
     max_retries: int,
     namespace: str,
     on_group: Callable[[EpisodeGroup], None] | None = None,
+    seed: int | None = None,
 ) -> tuple[list[EpisodeGroup], list[EpisodeGroup]]:
     """`collect_groups` on this rank's share of ``tasks``; ``(this rank's groups, every rank's)`` (collective).
 
     Every rank takes the same tasks; a task's group never spans ranks, so its advantages need no
-    communication. In one process both lists are the same groups.
+    communication. In one process both lists are the same groups. ``seed`` does not depend on the rank: an
+    episode's id and turn pick its samples, whatever the number of ranks.
     """
     mine = await collect_groups(
         env,
@@ -98,6 +105,7 @@ async def collect_share(
         max_retries=max_retries,
         namespace=namespace,
         on_group=on_group,
+        seed=seed,
     )
     return mine, [g for part in collectives.all_gather_objects(mine) for g in part]
 

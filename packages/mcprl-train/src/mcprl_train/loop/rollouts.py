@@ -1,16 +1,18 @@
 """The sampling side of a run on this rank: samplers over the backend's sampling policy, in the environment.
 
-`Rollouts` owns the rollout sampler (a fresh generator per GRPO step, so step k samples alike in a resumed and
-an uninterrupted run; ranks sample differently) and the greedy evaluation sampler, keeps them on the newest
-trained weights (`sync`), and runs this rank's share of a step's task groups (`collect`) and of a validation
-(`validate`). The learning side is `mcprl_train.loop.learner`; the trainer alternates the two.
+`Rollouts` owns the rollout sampler and the greedy evaluation sampler. Each sampling request of a step carries
+its own seed, derived from (``run.seed``, step, episode id, turn) (`collection_seed`, `mcprl_env.turn_seed`),
+so a step samples alike in a resumed and an uninterrupted run whatever order tool latency gives the requests;
+the rollout sampler is also rebuilt per step with a step-seeded generator for anything unseeded. `Rollouts`
+keeps the samplers on the newest trained weights (`sync`), and runs this rank's share of a step's task groups
+(`collect`) and of a validation (`validate`). The learning side is `mcprl_train.loop.learner`; the trainer alternates the two.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mcprl_env import Environment, EpisodeGroup, Task
+from mcprl_env import Environment, EpisodeGroup, Task, derive_seed
 from mcprl_policy import PolicySampler
 from mcprl_train import build, collectives
 from mcprl_train.config import Config
@@ -20,7 +22,16 @@ from mcprl_train.loop.state import sampler_seed
 from mcprl_train.loop.update import UpdateBackend
 from mcprl_train.run.progress import RunProgress
 
-__all__ = ["Rollouts"]
+__all__ = ["Rollouts", "collection_seed"]
+
+
+def collection_seed(run_seed: int, step: int) -> int:
+    """The sampling seed of GRPO step ``step``'s collection (every back-fill round and retry included).
+
+    The same on every rank: a request's seed is ``turn_seed(collection_seed, episode_id, turn)``, and episode
+    ids already tell ranks, rounds and retries apart.
+    """
+    return derive_seed(run_seed, "collect", step)
 
 
 class Rollouts:
@@ -78,6 +89,7 @@ class Rollouts:
             max_retries=cfg.run.rollout_retries,
             namespace=f"step-{step}" if round_ == 0 else f"step-{step}.{round_}",
             on_group=lambda _group: self.progress.advance(),
+            seed=collection_seed(cfg.run.seed, step),
         )
 
     async def validate(self, tasks: Sequence[Task], *, label: str, namespace: str) -> dict[str, float]:
