@@ -109,7 +109,9 @@ class _KillAtTurnOne:
         self.killed = 0
         self.generations: list[int | None] = []
 
-    async def sample(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> Completion:
+    async def sample(
+        self, prompt_ids: Sequence[int], *, max_new_tokens: int, seed: int | None = None
+    ) -> Completion:
         turn = self._tok.decode(list(prompt_ids)).count("<|im_start|>assistant") - 1
         if turn == 1:
             self._arrived += 1
@@ -121,7 +123,7 @@ class _KillAtTurnOne:
                         self.generations.append(probe.generation)
                 self._restarted.set()
             await self._restarted.wait()
-        return await self._inner.sample(prompt_ids, max_new_tokens=max_new_tokens)
+        return await self._inner.sample(prompt_ids, max_new_tokens=max_new_tokens, seed=seed)
 
 
 ANSWER = "<answer>posted</answer>"
