@@ -170,3 +170,17 @@ def test_a_bad_cassette_names_the_file_and_line(tmp_path: Path, text: str, messa
 def test_a_missing_cassette_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(CassetteError, match=r"nope\.jsonl: cannot read cassette"):
         ToolManager.replay(tmp_path / "nope.jsonl")
+
+
+async def test_recording_again_appends_under_the_same_catalogue_and_refuses_another(tmp_path: Path) -> None:
+    cassette = tmp_path / "calls.jsonl"
+    for a in (1, 2):
+        async with ToolManager.in_memory(
+            {"calc": make_server("calc")}, stateful=False, record=cassette
+        ) as rec:
+            await rec.call("add", {"a": a, "b": 2})
+    async with ToolManager.replay(cassette) as replay:
+        assert [(await replay.call("add", {"a": a, "b": 2})).text for a in (1, 2)] == ["3", "4"]
+    with pytest.raises(CassetteError, match=r"calls\.jsonl:1: holds a cassette of another tool catalogue"):
+        async with ToolManager.in_memory({"other": make_server("other")}, record=cassette):
+            pass

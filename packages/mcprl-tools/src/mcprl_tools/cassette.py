@@ -86,26 +86,52 @@ def spec_to_json(spec: ToolSpec) -> dict[str, Any]:
 class CassetteRecorder:
     """Appends every call that reached a server, and its result, to a cassette file (flushed per line).
 
+    An existing cassette with the same catalogue is appended to (a resumed run, or several runs pooling their
+    calls: the keys hold across runs); one with another catalogue is refused.
+
     Args:
-        path: The cassette to write (replaced if it exists).
+        path: The cassette to write.
         tools: The catalogue.
         stateful: Per server, whether it keeps per-episode state (`ServerConfig.stateful`).
+
+    Raises:
+        CassetteError: `path` holds a cassette of another catalogue or format.
     """
 
     def __init__(self, path: str | Path, tools: Sequence[ToolSpec], stateful: Mapping[str, bool]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.calls = 0
-        self._file: IO[str] = self.path.open("w", encoding="utf-8")
         servers = {name: {"stateful": flag} for name, flag in sorted(stateful.items())}
-        self._write(
-            {
-                "type": "catalogue",
-                "version": FORMAT_VERSION,
-                "tools": [spec_to_json(t) for t in tools],
-                "servers": servers,
-            }
-        )
+        header = {
+            "type": "catalogue",
+            "version": FORMAT_VERSION,
+            "tools": [spec_to_json(t) for t in tools],
+            "servers": servers,
+        }
+        existing = self._existing_header()
+        if existing is not None and existing != json.loads(json.dumps(header, default=repr)):
+            raise CassetteError(
+                f"{self.path}:1: holds a cassette of another tool catalogue or format; record to a new path"
+            )
+        self._file: IO[str] = self.path.open("a", encoding="utf-8")
+        if existing is None:
+            self._write(header)
+
+    def _existing_header(self) -> object | None:
+        try:
+            with self.path.open(encoding="utf-8") as file:
+                first = file.readline()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CassetteError(f"{self.path}: cannot read the existing cassette: {exc}") from exc
+        if not first.strip():
+            return None
+        try:
+            return json.loads(first)
+        except ValueError as exc:
+            raise CassetteError(f"{self.path}:1: the existing file is not a cassette: {exc}") from exc
 
     def _write(self, record: Mapping[str, Any]) -> None:
         self._file.write(json.dumps(record, ensure_ascii=False, default=repr) + "\n")

@@ -128,15 +128,15 @@ class ToolManager:
             for runner in self._runners.values():
                 await runner.first_attempt_done.wait()
             self._check_starts()
+            self._set_catalogue(
+                build_catalogue({n: r.tools for n, r in self._runners.items() if r.state != "unavailable"})
+            )
+            if self._record_path is not None:
+                stateful = {name: cfg.stateful for name, cfg in self.config.servers.items()}
+                self._recorder = CassetteRecorder(self._record_path, self._tools, stateful)
         except BaseException:
             await self._shutdown()
             raise
-        self._set_catalogue(
-            build_catalogue({n: r.tools for n, r in self._runners.items() if r.state != "unavailable"})
-        )
-        if self._record_path is not None:
-            stateful = {name: cfg.stateful for name, cfg in self.config.servers.items()}
-            self._recorder = CassetteRecorder(self._record_path, self._tools, stateful)
         self._started = True
         return self
 
