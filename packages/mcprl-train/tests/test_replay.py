@@ -19,8 +19,10 @@ import structlog
 import yaml
 
 import mcprl_tasks
+from mcprl_train.cassettes import record_path, tool_manager
 from mcprl_train.cli import main
 from mcprl_train.config import Config
+from mcprl_train.errors import TrainError
 from mcprl_train.loop.trainer import Trainer
 from mcprl_train.run.run_dir import RunDir
 
@@ -230,3 +232,18 @@ def test_a_corrupt_replay_cassette_names_the_file_and_line(
 def test_record_and_replay_together_are_a_config_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "--set", "tools.record=a.jsonl", "--set", "tools.replay=b.jsonl"]) == 2
     assert "tools.record ('a.jsonl') and tools.replay ('b.jsonl') are exclusive" in capsys.readouterr().err
+
+
+def test_the_saved_config_keeps_record_and_replay(tmp_path: Path) -> None:
+    recording = Config.load("cpu", overrides=["tools.record=calls.jsonl"])
+    again = Config.from_dict(yaml.safe_load(recording.to_yaml()))
+    assert (again.tools.record, again.tools.replay) == ("calls.jsonl", None)
+    assert record_path(again, tmp_path) == tmp_path / "calls.jsonl"
+    absolute = recording.replace([f"tools.record={tmp_path / 'elsewhere.jsonl'}"])
+    assert record_path(absolute, tmp_path / "run") == tmp_path / "elsewhere.jsonl"
+
+
+def test_recording_from_several_processes_is_refused(tmp_path: Path) -> None:
+    config = Config.load("cpu", overrides=["tools.record=calls.jsonl"])
+    with pytest.raises(TrainError, match="recording needs a single-process run"):
+        tool_manager(config, tmp_path, world_size=2)

@@ -314,6 +314,8 @@ class ToolManager:
             return self._fail(
                 name, server, "invalid_arguments", f"Invalid arguments for {name}: {problem}", start
             )
+        if self._player is None and self._recorder is None:
+            return await self._call_server(name, spec, self._runners[server], args, episode_id, start)
         stateful = self._player.stateful.get(server, True) if self._player else cfg is None or cfg.stateful
         earlier, history = self._histories.advance(episode_id, server, spec.tool, args)
         key_history = history if stateful else None
@@ -340,7 +342,8 @@ class ToolManager:
         if recorded is not None:
             # The cassette is one session of each server: results recorded across a restart must not look
             # like a restart under the replayed episode.
-            return attrs.evolve(recorded, generation=1 if recorded.generation is not None else None)
+            generation = 1 if recorded.generation is not None else None
+            return attrs.evolve(recorded, name=name, generation=generation)
         self._player.report_miss(spec.server, spec.tool, args, episode_id, earlier)
         after = f" after this episode's {earlier} earlier call(s) to {spec.server!r}" if history else ""
         text = f"Tool {name} not replayable: cassette {self._player.path} holds no such call{after}"
