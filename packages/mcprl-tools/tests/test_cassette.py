@@ -184,3 +184,18 @@ async def test_recording_again_appends_under_the_same_catalogue_and_refuses_anot
     with pytest.raises(CassetteError, match=r"calls\.jsonl:1: holds a cassette of another tool catalogue"):
         async with ToolManager.in_memory({"other": make_server("other")}, record=cassette):
             pass
+
+
+async def test_a_replay_exposes_only_what_its_own_config_allows(tmp_path: Path) -> None:
+    cassette = tmp_path / "calls.jsonl"
+    servers = {"calc": make_server("calc"), "other": make_server("other")}
+    async with ToolManager.in_memory(servers, record=cassette) as rec:
+        assert "calc.add" in {t.name for t in rec.tools}  # both servers have `add`: namespaced
+    narrowed = ServersConfig.from_dict(
+        {"mcpServers": {"calc": {"command": "unused-in-replay", "allow_tools": ["add", "echo"]}}},
+        source="<t>",
+    )
+    async with ToolManager(narrowed, replay=cassette) as replay:
+        assert sorted(t.name for t in replay.tools) == ["add", "echo"]  # no collision left: own names
+        unknown = await replay.call("other.add", {"a": 1, "b": 2})
+    assert unknown.error_type == "unknown_tool"

@@ -199,6 +199,10 @@ def test_eval_replays_a_checkpoint_of_the_recorded_run(
     _, _, rec_dir, _ = recorded
     checkpoint = rec_dir.path / "checkpoints" / "step-00000000"
     cassette = rec_dir.path / "calls.jsonl"
+    recorded_ids = {json.loads(line)["episode_id"] for line in cassette.read_text().splitlines()[1:]}
+    assert not any(
+        i.startswith("eval-step-00000000/") for i in recorded_ids
+    )  # eval's own ids: never recorded
     args = ["eval", "--checkpoint", str(checkpoint), "--set", "tools.record=null"]
     assert main([*args, "--set", f"tools.replay={cassette}"]) == 0
     summary = json.loads(capsys.readouterr().out)

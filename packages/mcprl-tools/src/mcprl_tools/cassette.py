@@ -35,10 +35,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import attrs
+
+from mcprl_tools.catalogue import build_catalogue
 from mcprl_tools.errors import CassetteError
 from mcprl_tools.results import ToolResult, ToolSpec
 
@@ -71,6 +74,15 @@ class EpisodeHistories:
         step = hashlib.sha256(f"{digest}\n{canonical_json([tool, arguments])}".encode()).hexdigest()
         self._digests[(episode_id, server)] = (count + 1, step)
         return count, digest
+
+
+@attrs.frozen
+class _Listed:
+    """A recorded tool as its server listed it (`mcprl_tools.catalogue.ListedTool`)."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
 
 
 def spec_to_json(spec: ToolSpec) -> dict[str, Any]:
@@ -223,6 +235,14 @@ class CassettePlayer:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CassetteError(f"{where}: malformed cassette line: {type(exc).__name__}: {exc}") from exc
+
+    def catalogue(self, exposes: Callable[[str, str], bool]) -> list[ToolSpec]:
+        """The recorded tools that `exposes(server, tool)`, named as a live run of that selection names them."""
+        by_server: dict[str, list[_Listed]] = {}
+        for t in self.tools:
+            if exposes(t.server, t.tool):
+                by_server.setdefault(t.server, []).append(_Listed(t.tool, t.description, t.input_schema))
+        return build_catalogue(by_server)
 
     def play(self, server: str, tool: str, arguments: object, history: str | None) -> ToolResult | None:
         """The next recorded result for this key (the last repeating), or None for a miss (not yet counted)."""

@@ -113,7 +113,7 @@ class ToolManager:
 
     async def __aenter__(self) -> Self:
         if self._player is not None:
-            self._set_catalogue(self._player.tools)
+            self._set_catalogue(self._replayed_catalogue(self._player))
             self._started = True
             return self
         self._runners = {
@@ -139,6 +139,17 @@ class ToolManager:
             raise
         self._started = True
         return self
+
+    def _replayed_catalogue(self, player: CassettePlayer) -> list[ToolSpec]:
+        """The cassette's tools narrowed to the configured servers and their allow/deny lists (all of them
+        when no server is configured)."""
+        servers = self.config.servers
+        if not servers:
+            return list(player.tools)
+        absent = sorted(set(servers) - {t.server for t in player.tools})
+        if absent:
+            logger.warning("cassette_lacks_servers", cassette=str(player.path), servers=absent)
+        return player.catalogue(lambda server, tool: server in servers and servers[server].exposes(tool))
 
     def _check_starts(self) -> None:
         failed = [r for r in self._runners.values() if r.start_error is not None]
