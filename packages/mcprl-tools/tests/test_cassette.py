@@ -8,6 +8,8 @@ from typing import Any
 
 import attrs
 import pytest
+import structlog
+import structlog.testing
 from mcp.server.mcpserver import Context, MCPServer
 from tools_testkit import make_server
 
@@ -88,6 +90,28 @@ async def test_a_key_recorded_several_times_serves_them_in_order_then_repeats_th
     assert texts == ["first", "second", "second", "second"]
 
 
+async def test_results_recorded_across_a_restart_replay_as_one_session(tmp_path: Path) -> None:
+    cassette = tmp_path / "calls.jsonl"
+    tool = {"name": "t", "server": "s", "tool": "t", "description": "", "input_schema": {"type": "object"}}
+    result = {"kind": "ok", "text": "x", "name": "t", "server": "s", "generation": 3, "stateful": True}
+    lines = [
+        {"type": "catalogue", "version": 2, "tools": [tool], "servers": {"s": {"stateful": True}}},
+        {
+            "type": "call",
+            "server": "s",
+            "tool": "t",
+            "arguments": {},
+            "history": "",
+            "episode_id": "e",
+            "result": result,
+        },
+    ]
+    cassette.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    async with ToolManager.replay(cassette) as replay:
+        served = await replay.call("s.t", {}, episode_id="another")
+    assert (served.text, served.generation, served.name) == ("x", 1, "s.t")
+
+
 async def test_a_stateful_call_replays_only_after_the_same_earlier_calls(tmp_path: Path) -> None:
     cassette = tmp_path / "calls.jsonl"
     async with ToolManager.in_memory({"notebook": make_notebook()}, record=cassette) as rec:
@@ -117,10 +141,13 @@ async def test_a_miss_is_an_infra_error_result_not_an_exception(tmp_path: Path) 
     async with ToolManager.in_memory({"calc": make_server("calc")}, stateful=False, record=cassette) as rec:
         await rec.call("add", {"a": 1, "b": 2})
     report = tmp_path / "run" / "replay_misses.jsonl"
-    async with ToolManager.replay(cassette, miss_report=report) as replay:
-        missed = await replay.call("add", {"a": 2, "b": 2}, episode_id="step-3/t9/1")
-        assert replay.step_metrics()["tools/replay/misses"] == 1
-        assert replay.step_metrics()["tools/replay/misses"] == 0  # per step
+    with structlog.testing.capture_logs() as logs:
+        async with ToolManager.replay(cassette, miss_report=report) as replay:
+            missed = await replay.call("add", {"a": 2, "b": 2}, episode_id="step-3/t9/1")
+            assert replay.step_metrics()["tools/replay/misses"] == 1
+            assert replay.step_metrics()["tools/replay/misses"] == 0  # per step
+    [summary] = [e for e in logs if e["event"] == "cassette_replayed"]
+    assert (summary["hits"], summary["misses"], summary["report"]) == (0, 1, str(report))
     assert missed.kind == "infra_error"
     assert f"cassette {cassette} holds no such call" in missed.text
     assert json.loads(report.read_text())["episode_id"] == "step-3/t9/1"
