@@ -23,9 +23,11 @@ itself) replays only approximately, and should be recorded again.
 **Order.** A key recorded several times serves its results in recorded order; asked more often than recorded,
 it repeats the last one (the server is deterministic for that key, so another call would have answered alike).
 
-**Misses.** A call the cassette does not hold is counted (`take_counts`) and, when a report path is given,
-appended to a JSON-lines miss report; the manager turns it into an infrastructure error result
-(`error_type="replay_miss"`), so the episode is invalid and never scored as the model's failure.
+**Misses.** A call the cassette does not hold is counted (`take_counts`), appended to the JSON-lines miss
+report when one is given, and answered with an infrastructure error result (`error_type="replay_miss"`,
+`CassettePlayer.serve`), so the episode is invalid and never scored as the model's failure. Once an episode
+missed a stateful call, its later calls to that server miss too: the state after the unanswered call is
+unknown.
 
 Cassettes of version 1 (keyed by episode id, no version field) are refused with the file and line.
 """
@@ -35,15 +37,19 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import attrs
+import structlog
 
 from mcprl_tools.catalogue import build_catalogue
+from mcprl_tools.config import ServerConfig
 from mcprl_tools.errors import CassetteError
 from mcprl_tools.results import ToolResult, ToolSpec
+
+logger = structlog.get_logger()
 
 FORMAT_VERSION = 2
 _ARGUMENTS_HEAD = 300
@@ -236,13 +242,60 @@ class CassettePlayer:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CassetteError(f"{where}: malformed cassette line: {type(exc).__name__}: {exc}") from exc
 
-    def catalogue(self, exposes: Callable[[str, str], bool]) -> list[ToolSpec]:
-        """The recorded tools that `exposes(server, tool)`, named as a live run of that selection names them."""
+    def catalogue(self, servers: Mapping[str, ServerConfig]) -> list[ToolSpec]:
+        """The recorded tools of `servers` under their allow/deny lists, named as a live run of them names
+        them; every recorded tool when `servers` is empty (`ToolManager.replay`)."""
+        if not servers:
+            return list(self.tools)
+        absent = sorted(set(servers) - {t.server for t in self.tools})
+        if absent:
+            logger.warning("cassette_lacks_servers", cassette=str(self.path), servers=absent)
         by_server: dict[str, list[_Listed]] = {}
         for t in self.tools:
-            if exposes(t.server, t.tool):
+            if t.server in servers and servers[t.server].exposes(t.tool):
                 by_server.setdefault(t.server, []).append(_Listed(t.tool, t.description, t.input_schema))
         return build_catalogue(by_server)
+
+    def serve(
+        self,
+        name: str,
+        spec: ToolSpec,
+        arguments: object,
+        history: str | None,
+        episode_id: str | None,
+        earlier: int,
+    ) -> ToolResult:
+        """The recorded result of a call that passed the local checks, or a `replay_miss` infra error.
+
+        Args:
+            name: The name the tool was called by.
+            spec: The tool.
+            arguments: The normalised arguments.
+            history: The episode's history digest for a stateful server, None for a stateless one.
+            episode_id: The calling episode (for the miss report).
+            earlier: How many calls the episode made to the server before this one (for the miss report).
+        """
+        recorded = self.play(spec.server, spec.tool, arguments, history)
+        if recorded is not None:
+            # The cassette is one session of each server: results recorded across a restart must not look
+            # like a restart under the replayed episode.
+            generation = 1 if recorded.generation is not None else None
+            return attrs.evolve(recorded, name=name, generation=generation)
+        self.report_miss(spec.server, spec.tool, arguments, episode_id, earlier)
+        after = f" after this episode's {earlier} earlier call(s) to {spec.server!r}" if history else ""
+        return ToolResult(
+            kind="infra_error",
+            text=f"Tool {name} not replayable: cassette {self.path} holds no such call{after}",
+            name=name,
+            server=spec.server,
+            error_type="replay_miss",
+        )
+
+    def log_summary(self) -> None:
+        """One line for the end of a run: hits, misses and where the misses are listed."""
+        log = logger.warning if self.misses else logger.info
+        report = str(self.miss_report) if self.miss_report is not None else None
+        log("cassette_replayed", cassette=str(self.path), hits=self.hits, misses=self.misses, report=report)
 
     def play(self, server: str, tool: str, arguments: object, history: str | None) -> ToolResult | None:
         """The next recorded result for this key (the last repeating), or None for a miss (not yet counted)."""

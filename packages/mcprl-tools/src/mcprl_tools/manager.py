@@ -113,7 +113,7 @@ class ToolManager:
 
     async def __aenter__(self) -> Self:
         if self._player is not None:
-            self._set_catalogue(self._replayed_catalogue(self._player))
+            self._set_catalogue(self._player.catalogue(self.config.servers))
             self._started = True
             return self
         self._runners = {
@@ -139,17 +139,6 @@ class ToolManager:
             raise
         self._started = True
         return self
-
-    def _replayed_catalogue(self, player: CassettePlayer) -> list[ToolSpec]:
-        """The cassette's tools narrowed to the configured servers and their allow/deny lists (all of them
-        when no server is configured)."""
-        servers = self.config.servers
-        if not servers:
-            return list(player.tools)
-        absent = sorted(set(servers) - {t.server for t in player.tools})
-        if absent:
-            logger.warning("cassette_lacks_servers", cassette=str(player.path), servers=absent)
-        return player.catalogue(lambda server, tool: server in servers and servers[server].exposes(tool))
 
     def _check_starts(self) -> None:
         failed = [r for r in self._runners.values() if r.start_error is not None]
@@ -182,15 +171,7 @@ class ToolManager:
     ) -> None:
         self._started = False
         if self._player is not None:
-            p = self._player
-            log = logger.warning if p.misses else logger.info
-            log(
-                "cassette_replayed",
-                cassette=str(p.path),
-                hits=p.hits,
-                misses=p.misses,
-                report=str(p.miss_report),
-            )
+            self._player.log_summary()
         if self._recorder is not None:
             logger.info("cassette_recorded", cassette=str(self._recorder.path), calls=self._recorder.calls)
             self._recorder.close()
@@ -331,34 +312,11 @@ class ToolManager:
         earlier, history = self._histories.advance(episode_id, server, spec.tool, args)
         key_history = history if stateful else None
         if self._player is not None:
-            return self._replay(name, spec, args, key_history, episode_id, earlier, start)
+            return self._player.serve(name, spec, args, key_history, episode_id, earlier)
         result = await self._call_server(name, spec, self._runners[server], args, episode_id, start)
         if self._recorder is not None:
             self._recorder.record(spec, args, key_history, episode_id, result)
         return result
-
-    def _replay(
-        self,
-        name: str,
-        spec: ToolSpec,
-        args: dict[str, Any],
-        history: str | None,
-        episode_id: str | None,
-        earlier: int,
-        start: float,
-    ) -> ToolResult:
-        """The cassette's result for a call that passed the local checks, or a `replay_miss` infra error."""
-        assert self._player is not None
-        recorded = self._player.play(spec.server, spec.tool, args, history)
-        if recorded is not None:
-            # The cassette is one session of each server: results recorded across a restart must not look
-            # like a restart under the replayed episode.
-            generation = 1 if recorded.generation is not None else None
-            return attrs.evolve(recorded, name=name, generation=generation)
-        self._player.report_miss(spec.server, spec.tool, args, episode_id, earlier)
-        after = f" after this episode's {earlier} earlier call(s) to {spec.server!r}" if history else ""
-        text = f"Tool {name} not replayable: cassette {self._player.path} holds no such call{after}"
-        return self._fail(name, spec.server, "replay_miss", text, start)
 
     async def _call_server(
         self,
