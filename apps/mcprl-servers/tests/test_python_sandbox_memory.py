@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import anyio
 import pytest
 from mcp.server.mcpserver.exceptions import ToolError
 
@@ -82,6 +83,11 @@ def _call_cgroups(directory: Path) -> set[Path]:
     return set(directory.glob("mcprl-sandbox-*"))
 
 
+async def _usage_later(directory: Path, version: int) -> int:
+    await anyio.sleep(0.1)
+    return _usage(directory, version)
+
+
 def _usage(directory: Path, version: int) -> int:
     return int((directory / ("memory.current" if version == 2 else "memory.usage_in_bytes")).read_text())
 
@@ -100,8 +106,10 @@ async def test_holding_twice_the_limit_is_stopped_and_the_memory_comes_back(mech
     assert b"held" not in outcome.stdout
     with pytest.raises(ToolError):  # the model's fault, shown to it
         format_outcome(outcome, config)
-    after = _usage(directory, version)
-    assert after - before < 16 << 20, f"{(after - before) >> 20} MiB still held after the call"
+    # The server's cgroup is this whole machine's here (other processes come and go): the least of a few
+    # readings, and a margin well below the 128 MiB or more the program tried to hold.
+    after = min([_usage(directory, version), *[await _usage_later(directory, version) for _ in range(4)]])
+    assert after - before < 48 << 20, f"{(after - before) >> 20} MiB still held after the call"
     assert _call_cgroups(directory) <= cgroups  # this call's cgroup is gone
 
 

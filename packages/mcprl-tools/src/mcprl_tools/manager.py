@@ -10,6 +10,7 @@ from typing import Any, Self
 
 import anyio
 import anyio.abc
+import attrs
 import structlog
 
 from mcprl_tools._mcp import (
@@ -20,7 +21,7 @@ from mcprl_tools._mcp import (
     RemoteError,
     UnsendableRequestError,
 )
-from mcprl_tools.cassette import CassettePlayer, CassetteRecorder
+from mcprl_tools.cassette import CassettePlayer, CassetteRecorder, EpisodeHistories
 from mcprl_tools.catalogue import build_catalogue, index_catalogue
 from mcprl_tools.config import ServerConfig, ServersConfig
 from mcprl_tools.errors import ManagerNotStartedError, ServerStartError
@@ -32,6 +33,8 @@ from mcprl_tools.validation import ArgumentChecker, transport_problem
 
 logger = structlog.get_logger()
 
+_DEFAULT_MAX_ARGUMENT_BYTES: int = attrs.fields(ServerConfig).max_argument_bytes.default
+
 
 class ToolManager:
     """Starts every configured server concurrently and calls their tools.
@@ -41,8 +44,15 @@ class ToolManager:
     Args:
         config: The servers to run.
         memory_servers: In-process server objects for `transport == "memory"` entries.
-        record: Write every call and result to this JSON-lines cassette.
-        replay: Serve calls from this cassette instead of running servers.
+        record: Write every call that reaches a server, and its result, to this JSON-lines cassette.
+        replay: Serve calls from this cassette instead of running servers (see `mcprl_tools.cassette`); a
+            call it does not hold is an infrastructure error result (`replay_miss`). `config` still gives
+            the servers' argument aliases and size limits; no server is started.
+        miss_report: In replay mode, append one JSON line per missed call to this file.
+
+    Raises:
+        CassetteError: `replay` cannot be read or is malformed.
+        ValueError: Both `record` and `replay` are given.
     """
 
     def __init__(
@@ -52,11 +62,17 @@ class ToolManager:
         memory_servers: Mapping[str, object] | None = None,
         record: str | Path | None = None,
         replay: str | Path | None = None,
+        miss_report: str | Path | None = None,
     ) -> None:
+        if record is not None and replay is not None:
+            raise ValueError(
+                f"record ({record}) and replay ({replay}) are exclusive: replay starts no server"
+            )
         self.config = config
         self._memory_servers = dict(memory_servers or {})
         self._record_path = record
-        self._player = CassettePlayer(replay) if replay is not None else None
+        self._player = CassettePlayer(replay, miss_report=miss_report) if replay is not None else None
+        self._histories = EpisodeHistories()
         self._runners: dict[str, ServerRunner] = {}
         self._tools: list[ToolSpec] = []
         self._index: dict[str, ToolSpec] = {}
@@ -89,15 +105,15 @@ class ToolManager:
         return cls(config, memory_servers=servers, record=record)
 
     @classmethod
-    def replay(cls, cassette: str | Path) -> ToolManager:
-        """A manager that serves every call from `cassette`, with no server running."""
-        return cls(ServersConfig(servers={}, source=str(cassette)), replay=cassette)
+    def replay(cls, cassette: str | Path, *, miss_report: str | Path | None = None) -> ToolManager:
+        """A manager that serves every call from `cassette`, with no server running and no aliases."""
+        return cls(ServersConfig(servers={}, source=str(cassette)), replay=cassette, miss_report=miss_report)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
         if self._player is not None:
-            self._set_catalogue(self._player.tools)
+            self._set_catalogue(self._player.catalogue(self.config.servers))
             self._started = True
             return self
         self._runners = {
@@ -112,14 +128,15 @@ class ToolManager:
             for runner in self._runners.values():
                 await runner.first_attempt_done.wait()
             self._check_starts()
+            self._set_catalogue(
+                build_catalogue({n: r.tools for n, r in self._runners.items() if r.state != "unavailable"})
+            )
+            if self._record_path is not None:
+                stateful = {name: cfg.stateful for name, cfg in self.config.servers.items()}
+                self._recorder = CassetteRecorder(self._record_path, self._tools, stateful)
         except BaseException:
             await self._shutdown()
             raise
-        self._set_catalogue(
-            build_catalogue({n: r.tools for n, r in self._runners.items() if r.state != "unavailable"})
-        )
-        if self._record_path is not None:
-            self._recorder = CassetteRecorder(self._record_path, self._tools)
         self._started = True
         return self
 
@@ -153,7 +170,10 @@ class ToolManager:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._started = False
+        if self._player is not None:
+            self._player.log_summary()
         if self._recorder is not None:
+            logger.info("cassette_recorded", cassette=str(self._recorder.path), calls=self._recorder.calls)
             self._recorder.close()
             self._recorder = None
         await self._shutdown()
@@ -210,11 +230,8 @@ class ToolManager:
 
         Raises:
             ManagerNotStartedError: Outside the `async with` block.
-            CassetteError: In replay mode, for a call the cassette does not hold.
         """
         self._require_started()
-        if self._player is not None:
-            return self._player.play(name, arguments if arguments is not None else {}, episode_id)
         start = time.perf_counter()
         spec = self._index.get(name)
         if spec is None:
@@ -226,8 +243,6 @@ class ToolManager:
             latency_s=result.latency_s,
         )  # fmt: skip
         self._step.record(server=result.server, error_type=result.error_type, infra=result.is_infra_error)
-        if self._recorder is not None:
-            self._recorder.record(name, arguments if arguments is not None else {}, episode_id, result)
         return result
 
     def _unknown_tool_text(self, name: str) -> str:
@@ -278,8 +293,9 @@ class ToolManager:
         if not isinstance(arguments, Mapping):
             text = f"Invalid arguments for {name}: expected a JSON object, got {type(arguments).__name__}"
             return self._fail(name, server, "invalid_arguments", text, start)
-        cfg = self._runners[server].cfg
-        problem = transport_problem(arguments, max_bytes=cfg.max_argument_bytes)
+        cfg = self.config.servers.get(server)
+        max_bytes = cfg.max_argument_bytes if cfg is not None else _DEFAULT_MAX_ARGUMENT_BYTES
+        problem = transport_problem(arguments, max_bytes=max_bytes)
         if problem is not None:
             text = f"Invalid arguments for {name}: {problem}; nothing was sent to the tool"
             return self._fail(name, server, "invalid_arguments", text, start)
@@ -290,7 +306,17 @@ class ToolManager:
             return self._fail(
                 name, server, "invalid_arguments", f"Invalid arguments for {name}: {problem}", start
             )
-        return await self._call_server(name, spec, self._runners[server], args, episode_id, start)
+        if self._player is None and self._recorder is None:
+            return await self._call_server(name, spec, self._runners[server], args, episode_id, start)
+        stateful = self._player.stateful.get(server, True) if self._player else cfg is None or cfg.stateful
+        earlier, history = self._histories.advance(episode_id, server, spec.tool, args)
+        key_history = history if stateful else None
+        if self._player is not None:
+            return self._player.serve(name, spec, args, key_history, episode_id, earlier)
+        result = await self._call_server(name, spec, self._runners[server], args, episode_id, start)
+        if self._recorder is not None:
+            self._recorder.record(spec, args, key_history, episode_id, result)
+        return result
 
     async def _call_server(
         self,
@@ -430,4 +456,7 @@ class ToolManager:
             name: {"restarts": r.restarts, "crashes": r.crashes, "unavailable_periods": r.unavailable_periods}
             for name, r in self._runners.items()
         }
-        return self._step.take(totals)
+        out = self._step.take(totals)
+        if self._player is not None:
+            out.update(self._player.take_counts())
+        return out

@@ -17,10 +17,11 @@ ErrorType = Literal[
     "transport",
     "unavailable",
     "catalogue_changed",
+    "replay_miss",
 ]
 TOOL_ERROR_TYPES: frozenset[str] = frozenset({"unknown_tool", "invalid_arguments", "tool_error"})
 INFRA_ERROR_TYPES: frozenset[str] = frozenset(
-    {"timeout", "crashed", "transport", "unavailable", "catalogue_changed"}
+    {"timeout", "crashed", "transport", "unavailable", "catalogue_changed", "replay_miss"}
 )
 
 

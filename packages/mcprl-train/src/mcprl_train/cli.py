@@ -226,8 +226,8 @@ def _eval(args: argparse.Namespace) -> int:
 async def _evaluate_checkpoint(path: Path, overrides: list[str]) -> dict[str, Any]:
     """Validation metrics of a checkpoint (``<run>/checkpoints/step-N``) or of a run's latest checkpoint."""
     from mcprl_env import Environment
-    from mcprl_tools import ToolManager
     from mcprl_train import build
+    from mcprl_train.cassettes import tool_manager
     from mcprl_train.loop.evaluation import evaluate_tasks
     from mcprl_train.run.checkpoint import CheckpointManager
     from mcprl_train.run.run_dir import RunDir
@@ -243,6 +243,7 @@ async def _evaluate_checkpoint(path: Path, overrides: list[str]) -> dict[str, An
     config = run_dir.load_config().replace(overrides)
     if config.tasks.validation is None:
         raise TrainError("tasks.validation is null: nothing to evaluate on (--set tasks.validation=FILE)")
+    tools = tool_manager(config, run_dir.path)  # a bad cassette fails before the model loads
     policy = build.build_policy(config, source=str(loaded.subdir("policy")))
     policy.eval()
     sampler = build.build_sampler(config, policy, greedy=config.eval.greedy, seed=config.run.seed)
@@ -252,7 +253,7 @@ async def _evaluate_checkpoint(path: Path, overrides: list[str]) -> dict[str, An
         ),
         config.eval.n_tasks,
     )
-    async with ToolManager(build.servers_config(config)) as manager:
+    async with tools as manager:
         env = Environment(manager=manager, tokenizer=policy.tokenizer, config=config.env)
         metrics, _ = await evaluate_tasks(
             env,
@@ -261,6 +262,8 @@ async def _evaluate_checkpoint(path: Path, overrides: list[str]) -> dict[str, An
             max_concurrent_episodes=config.collection.max_concurrent_episodes,
             namespace=f"eval-{loaded.path.name}",
         )
+        replayed = {k: v for k, v in manager.step_metrics().items() if k.startswith("tools/replay/")}
+    metrics = {**metrics, **replayed}
     summary = {"checkpoint": str(loaded.path), "step": loaded.step, "tasks": len(tasks), **metrics}
     run_dir.write_metrics("eval", loaded.step, {**metrics, "tag": "checkpoint_eval"})
     return summary
@@ -306,6 +309,7 @@ def _open_run(config: Config, resumed: RunDir | None) -> tuple[Config, RunDir, b
 
 def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from mcprl_train import build
+    from mcprl_train.cassettes import check_replay_cassette
     from mcprl_train.model_checks import require_model_ready
 
     config, resumed = _train_config(args)
@@ -324,6 +328,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return train_rank(open_validated_run, run_training)
     require_model_ready(config)  # tokenizer, template, parser, vocabulary: before anything is written
     tasks = build.load_tasks(config)  # a missing or malformed task file fails before anything is written
+    check_replay_cassette(config)
     config, run_dir, resume = _open_run(config, resumed)
     summary = run_training(config, run_dir, resume, tasks=tasks)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))

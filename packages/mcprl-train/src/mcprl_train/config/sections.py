@@ -160,10 +160,24 @@ class ToolsConfig:
         source: The tagged source.
         allow_tools: Per-server allow-lists applied on top of any source (server → exposed tool names; servers
             not named expose every tool). Fewer tools make shorter prompts for small models.
+        record: Write every tool call that reaches a server, and its result, to this cassette (JSON lines,
+            `mcprl_tools.cassette`); a relative path lands in the run directory.
+        replay: Serve every tool call from this cassette (a relative path is read from the working
+            directory); no server is started. Calls it does not hold make their episodes invalid and are
+            listed in the run directory's ``replay_misses.jsonl``.
     """
 
     source: ToolSource = attrs.field(factory=OfflineServers)
     allow_tools: dict[str, tuple[str, ...]] = attrs.field(factory=dict[str, tuple[str, ...]])
+    record: str | None = None
+    replay: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.record is not None and self.replay is not None:
+            raise ConfigError(
+                f"tools.record ({self.record!r}) and tools.replay ({self.replay!r}) are exclusive: a replayed "
+                "run starts no server to record (set one of them to null)"
+            )
 
     @classmethod
     def from_data(cls, data: object, path: str) -> ToolsConfig:
@@ -177,7 +191,7 @@ class ToolsConfig:
 
         if not is_dict(data):
             raise ConfigError(f"{path}: expected a mapping of keys, got {data!r}")
-        keys = [*_SOURCE_KEYS, "allow_tools"]
+        keys = [*_SOURCE_KEYS, "allow_tools", "record", "replay"]
         for key in data:
             if key not in keys:
                 raise ConfigError(unknown_key_message(f"{path}.{key}", [f"{path}.{k}" for k in keys]))
@@ -193,7 +207,8 @@ class ToolsConfig:
             value: Any = structure(data[given[0]], hint, f"{path}.{given[0]}")  # typed by the table's hint
             source = kind(**{field: value})
         allow = structure(data.get("allow_tools") or {}, dict[str, tuple[str, ...]], f"{path}.allow_tools")
-        return cls(source=source, allow_tools=allow)
+        record, replay = (_optional_path(data.get(key), f"{path}.{key}") for key in ("record", "replay"))
+        return cls(source=source, allow_tools=allow, record=record, replay=replay)
 
     def to_data(self, *, redact: bool = False) -> dict[str, Any]:
         """The tree's shape of this section (what `from_data` reads); ``redact``: see `InlineServers.redacted`."""
@@ -204,7 +219,14 @@ class ToolsConfig:
                 data = {"mcp_servers": inline.redacted() if redact else dict(servers)}
             case OfflineServers(names=names):
                 data = {"offline": list(names)}
-        return {**data, "allow_tools": {k: list(t) for k, t in self.allow_tools.items()}}
+        allow = {k: list(t) for k, t in self.allow_tools.items()}
+        return {**data, "allow_tools": allow, "record": self.record, "replay": self.replay}
+
+
+def _optional_path(value: object, path: str) -> str | None:
+    if value is None or (isinstance(value, str) and value):
+        return value
+    raise ConfigError(f"{path}: got {value!r}; expected a file path or null")
 
 
 @attrs.frozen(kw_only=True)

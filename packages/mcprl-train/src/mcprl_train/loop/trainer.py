@@ -123,7 +123,7 @@ class Trainer:
         return anyio.run(self.arun)
 
     async def arun(self) -> dict[str, Any]:
-        from mcprl_tools import ToolManager
+        from mcprl_train.cassettes import tool_manager
 
         cfg = self.config
         seed_everything(cfg.run.seed)
@@ -132,8 +132,9 @@ class Trainer:
         train_set, self.val_tasks = self.tasks or build.load_tasks(cfg)  # before anything heavy
         self.stream = TaskStream(train_set, seed=cfg.run.seed)
         loaded = self.find_checkpoint() if self.resume else None
+        tools = tool_manager(cfg, self.run_dir.path, world_size=self.world)  # a bad cassette fails first
         self.build_learning(loaded)
-        async with ToolManager(build.servers_config(cfg)) as manager:
+        async with tools as manager:
             env = Environment(manager=manager, tokenizer=self.policy.tokenizer, config=cfg.env)
             assert self.backend is not None
             self.rollouts = Rollouts(cfg, self.backend, env, progress=self.progress)
