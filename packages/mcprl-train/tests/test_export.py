@@ -26,8 +26,6 @@ from mcprl_train.loop.trainer import Trainer
 from mcprl_train.run.checkpoint import Checkpoint
 from mcprl_train.run.run_dir import RunDir
 
-pytestmark = pytest.mark.slow
-
 _SHORT_RUN = (
     "run.steps=1",
     "run.checkpoint_every=1",
@@ -134,6 +132,7 @@ def _assert_standard_hf_directory(directory: Path) -> dict[str, Any]:
     return config
 
 
+@pytest.mark.slow  # trains a short demo run once per module (~40 s)
 def test_an_exported_lora_checkpoint_loads_with_auto_classes_and_reproduces_the_greedy_evaluation(
     lora_checkpoint: Checkpoint, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -173,6 +172,7 @@ def test_an_exported_lora_checkpoint_loads_with_auto_classes_and_reproduces_the_
     assert adapted.peft_config["default"].r == 4
 
 
+@pytest.mark.slow  # trains a short demo run once per module (~40 s)
 def test_an_exported_full_fine_tune_reproduces_the_greedy_evaluation(
     full_checkpoint: Checkpoint, tmp_path: Path
 ) -> None:
@@ -204,6 +204,7 @@ def test_a_missing_checkpoint_is_a_one_line_error(tmp_path: Path, capsys: pytest
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # trains a short demo run once per module (~40 s)
 def test_a_corrupt_checkpoint_is_refused_naming_the_file(
     full_checkpoint: Checkpoint, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -218,6 +219,7 @@ def test_a_corrupt_checkpoint_is_refused_naming_the_file(
     assert [p.name for p in tmp_path.iterdir()] == ["run"]  # nothing written, not even a temporary directory
 
 
+@pytest.mark.slow  # trains a short demo run once per module (~40 s)
 def test_an_occupied_output_is_refused_unless_forced(
     full_checkpoint: Checkpoint, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -233,6 +235,7 @@ def test_an_occupied_output_is_refused_unless_forced(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+@pytest.mark.slow  # trains a short demo run once per module (~40 s)
 def test_an_output_inside_the_checkpoint_and_adapter_of_a_full_fine_tune_are_refused(
     full_checkpoint: Checkpoint, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -245,6 +248,7 @@ def test_an_output_inside_the_checkpoint_and_adapter_of_a_full_fine_tune_are_ref
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # trains a short demo run once per module (~40 s)
 def test_push_to_hub_with_the_hub_offline_fails_before_writing_anything(
     full_checkpoint: Checkpoint, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -259,6 +263,7 @@ def test_push_to_hub_with_the_hub_offline_fails_before_writing_anything(
     assert not out.exists()
 
 
+@pytest.mark.slow  # trains a short demo run once per module (~40 s)
 def test_push_to_hub_without_a_token_fails_before_writing_anything(
     full_checkpoint: Checkpoint,
     tmp_path: Path,
@@ -298,6 +303,7 @@ class _RefusingHub(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow  # trains a short demo run once per module (~40 s)
 def test_push_to_hub_goes_through_the_hub_api_and_a_refusal_keeps_the_complete_export(
     full_checkpoint: Checkpoint, tmp_path: Path
 ) -> None:
@@ -332,3 +338,45 @@ def test_push_to_hub_goes_through_the_hub_api_and_a_refusal_keeps_the_complete_e
     assert ("POST", "/api/repos/create", "Bearer hf_test_token") in _RefusingHub.seen
     assert (out / "model.safetensors").is_file()
     assert "vllm serve me/agent" in (out / "README.md").read_text()
+
+
+_FAMILIES: dict[str, tuple[str, dict[str, object], str]] = {
+    # real template file: (end-of-turn token, template kwargs, vLLM's --tool-call-parser)
+    "Qwen-Qwen2.5-7B-Instruct.jinja": ("<|im_end|>", {}, "hermes"),
+    "Qwen-Qwen3-0.6B.jinja": ("<|im_end|>", {"enable_thinking": False}, "hermes"),
+    "Qwen3.5-4B.jinja": ("<|im_end|>", {}, "qwen3_coder"),
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": ("<|im_end|>", {}, "hermes"),
+    "meta-llama-Llama-3.1-8B-Instruct.jinja": ("<|eot_id|>", {}, "llama3_json"),
+}
+
+
+_ALIASES = {"hermes": "qwen3", "qwen3_coder": "qwen3.5", "llama3_json": "llama3.1"}
+
+
+@pytest.mark.parametrize("template", sorted(_FAMILIES))
+def test_the_model_card_names_vllms_tool_parser_for_each_real_template(
+    template: str, chat_templates_dir: Path, template_tokenizer: Any
+) -> None:
+    from mcprl_env.parsing import PROBE_CALL
+    from mcprl_train.commands.model_card import tool_call_format, vllm_tool_parser
+
+    eos, kwargs, parser = _FAMILIES[template]
+    text = (chat_templates_dir / template).read_text()
+    tokenizer = template_tokenizer(text, eos, "mcprl_probe Paris city days tool_call function parameter")
+    config = Config.load("cpu", overrides=[f"env.chat_template_kwargs={json.dumps(kwargs)}"])
+    family, example = tool_call_format(tokenizer, config)
+    assert vllm_tool_parser(family) == parser
+    assert PROBE_CALL.name in example
+    explicit = config.replace([f"env.parser={_ALIASES[family]}"])
+    assert tool_call_format(tokenizer, explicit)[0] == family  # an alias names the same family
+
+
+def test_every_mcprl_parser_family_has_a_vllm_tool_parser() -> None:
+    from mcprl_env.parsing.registry import canonical_families
+    from mcprl_train.commands.model_card import vllm_tool_parser
+
+    assert {name: vllm_tool_parser(name) for name, _ in canonical_families()} == {
+        "hermes": "hermes",
+        "qwen3_coder": "qwen3_coder",
+        "llama3_json": "llama3_json",
+    }

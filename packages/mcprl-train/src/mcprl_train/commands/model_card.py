@@ -18,6 +18,20 @@ if TYPE_CHECKING:
 
 __all__ = ["render_model_card", "tool_call_format", "vllm_tool_parser"]
 
+# The validation metrics a card shows (plus `val/family/<name>/success_rate` for each task family).
+_CARD_METRICS: Final = (
+    "val/success_rate",
+    "val/reward_mean",
+    "val/turns_mean",
+    "val/tool_calls_mean",
+    "val/tools/error_rate",
+    "val/tools/invalid_call_rate",
+    "val/valid_frac",
+    "val/episodes",
+)
+# vLLM's default `--max-lora-rank`; a larger adapter needs the flag.
+_VLLM_MAX_LORA_RANK: Final = 16
+
 # mcprl's parser family → vLLM's `--tool-call-parser` (vllm/entrypoints/openai/tool_parsers: `hermes` for
 # Hermes 2/3, Qwen2.5 and Qwen3; `qwen3_coder` for Qwen3.5 and Qwen3-Coder's XML calls; `llama3_json` for
 # Llama 3.1/3.2/3.3's JSON calls).
@@ -63,7 +77,12 @@ def _final_metrics(run_dir: RunDir, step: int) -> tuple[int | None, dict[str, fl
             last = record
     if last is None:
         return None, {}
-    values = {k: float(v) for k, v in last.items() if k.startswith("val/") and isinstance(v, int | float)}
+    values = {
+        k: float(v)
+        for k, v in last.items()
+        if isinstance(v, int | float)
+        and (k in _CARD_METRICS or (k.startswith("val/family/") and k.endswith("/success_rate")))
+    }
     return int(last["step"]), values
 
 
@@ -132,13 +151,17 @@ def _metrics_section(exported: Exported, config: Config, run_dir: RunDir) -> str
         "",
         "| metric | value |",
         "|---|---|",
-        *(f"| `{k}` | {v:.4g} |" for k, v in sorted(metrics.items())),
+        *(f"| `{k}` | {metrics[k]:.4g} |" for k in sorted(metrics, key=_metric_order)),
     ]
     keep = ("success_init", "success_warm_start", "success_final", "success_last3_mean", "elapsed_s")
     run = {k: summary[k] for k in keep if summary.get(k) is not None}
     if run:
         lines += ["", "Run summary (`summary.json`): " + ", ".join(f"{k} {v:.4g}" for k, v in run.items())]
     return "\n".join(lines) + "\n"
+
+
+def _metric_order(key: str) -> tuple[int, str]:
+    return (_CARD_METRICS.index(key), key) if key in _CARD_METRICS else (len(_CARD_METRICS), key)
 
 
 def _serving_section(exported: Exported, config: Config, model_ref: str, base_model: str) -> str:
@@ -151,10 +174,13 @@ def _serving_section(exported: Exported, config: Config, model_ref: str, base_mo
     else:
         vllm = f"```bash\nvllm serve {model_ref} --enable-auto-tool-choice --tool-call-parser {parser}\n```\n"
         if exported.adapter is not None:
+            rank = config.lora.r if config.lora is not None else 0
+            max_rank = f" --max-lora-rank {rank}" if rank > _VLLM_MAX_LORA_RANK else ""
             vllm += (
                 "\nOr the base with the adapter alone (`adapter/`), hot-swappable:\n\n```bash\n"
-                f"vllm serve {base_model} --enable-lora --lora-modules mcprl={model_ref}/{exported.adapter.name} "
-                f"--enable-auto-tool-choice --tool-call-parser {parser}\n```\n"
+                f"vllm serve {base_model} --enable-lora{max_rank} --lora-modules "
+                f"mcprl={model_ref}/{exported.adapter.name} --enable-auto-tool-choice --tool-call-parser {parser}"
+                "\n```\n"
             )
     kwargs = dict(config.env.chat_template_kwargs)
     template_note = (
@@ -205,7 +231,7 @@ def render_model_card(
     return (
         _front_matter(base_model, lora=exported.merged_lora)
         + f"\n# {Path(ref).name}\n\n"
-        + "A tool-using agent trained with [mcprl](https://github.com/mcprl/mcprl): GRPO on multi-turn episodes "
+        + "A tool-using agent trained with mcprl: GRPO on multi-turn episodes "
         + "against real MCP servers. The training config is `mcprl_train_config.yaml`.\n\n"
         + "## Training\n\n"
         + _training_table(exported, config, base_model, run_dir)
