@@ -176,10 +176,17 @@ def _serving_section(exported: Exported, config: Config, model_ref: str, base_mo
         if exported.adapter is not None:
             rank = config.lora.r if config.lora is not None else 0
             max_rank = f" --max-lora-rank {rank}" if rank > _VLLM_MAX_LORA_RANK else ""
+            name = exported.adapter.name
+            # --lora-modules takes a local directory: a hub repository is downloaded first.
+            adapter_path = (
+                f"{model_ref}/{name}"
+                if model_ref == str(exported.path)
+                else f"$(hf download {model_ref} --include '{name}/*')/{name}"
+            )
             vllm += (
                 "\nOr the base with the adapter alone (`adapter/`), hot-swappable:\n\n```bash\n"
                 f"vllm serve {base_model} --enable-lora{max_rank} --lora-modules "
-                f"mcprl={model_ref}/{exported.adapter.name} --enable-auto-tool-choice --tool-call-parser {parser}"
+                f"mcprl={adapter_path} --enable-auto-tool-choice --tool-call-parser {parser}"
                 "\n```\n"
             )
     kwargs = dict(config.env.chat_template_kwargs)
