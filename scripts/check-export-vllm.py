@@ -55,7 +55,7 @@ def transformers_first_turn(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(export)
-    model = AutoModelForCausalLM.from_pretrained(export, dtype="float32")
+    model: Any = AutoModelForCausalLM.from_pretrained(export, dtype="float32")
     inputs = tokenizer.apply_chat_template(
         messages,
         tools=tools,
@@ -144,7 +144,7 @@ async def play(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--export", type=Path, required=True)
     parser.add_argument("--run", type=Path, required=True)
     parser.add_argument("--url", required=True)
