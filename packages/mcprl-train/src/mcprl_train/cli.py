@@ -8,6 +8,7 @@
     mcprl-train eval    --checkpoint DIR [--set k=v ...]
     mcprl-train doctor  [--profile P] [--config F] [--set k=v ...] [--skip-servers]
     mcprl-train plots   RUN_DIR
+    mcprl-train export  CHECKPOINT OUTPUT [--adapter] [--force] [--dtype D] [--push-to-hub REPO [--private]]
 
 ``train`` is the default subcommand: ``mcprl-train`` alone trains the ``cpu`` profile. The heavy modules
 (trainer, evaluation, DeepSpeed) are imported only by the subcommands that need them.
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["build_parser", "main"]
 
-_SUBCOMMANDS = ("train", "config", "plan", "eval", "doctor", "plots")
+_SUBCOMMANDS = ("train", "config", "plan", "eval", "doctor", "plots", "export")
 _GLOBAL_FLAGS = ("--debug",)
 
 # The base error of each library: `(module, class)`.
@@ -124,10 +125,31 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--skip-servers", action="store_true", help="do not start the MCP servers")
     plots = sub.add_parser("plots", help="(re)write the PNG plots of a run")
     plots.add_argument("run_dir", type=Path)
-    for subparser in (train, config, plan, evaluate, doctor, plots):
+    export = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory")
+    _add_export_args(export)
+    for subparser in (train, config, plan, evaluate, doctor, plots, export):
         # SUPPRESS: a subcommand without --debug keeps the value given before the subcommand.
         _add_debug_arg(subparser, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_export_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "checkpoint", type=Path, help="a checkpoint directory, or a run (its latest checkpoint)"
+    )
+    parser.add_argument("output", type=Path, help="the model directory to create")
+    parser.add_argument("--adapter", action="store_true", help="also write the LoRA adapter alone (adapter/)")
+    parser.add_argument("--force", action="store_true", help="replace an existing non-empty output directory")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="weights' dtype (default: the run's)",
+    )
+    parser.add_argument(
+        "--push-to-hub", default=None, metavar="REPO", help="then upload to this hub repository"
+    )
+    parser.add_argument("--private", action="store_true", help="create the hub repository private")
 
 
 def _with_default_command(argv: Sequence[str]) -> list[str]:
@@ -179,6 +201,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             return _plots(args)
         case "eval":
             return _eval(args)
+        case "export":
+            return _export(args)
         case _:
             return _train(args, argv)
 
@@ -209,6 +233,28 @@ def _plots(args: argparse.Namespace) -> int:
 
     for path in write_plots(RunDir.open(args.run_dir)):
         print(path)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from mcprl_train.commands.export import export_checkpoint, hub_token, push_export
+
+    token = (
+        hub_token(args.push_to_hub) if args.push_to_hub is not None else None
+    )  # before anything is written
+    exported = export_checkpoint(
+        args.checkpoint,
+        args.output,
+        adapter=args.adapter,
+        force=args.force,
+        dtype=args.dtype,
+        model_ref=args.push_to_hub,
+    )
+    for name, reason in exported.skipped.items():
+        print(f"skipped {name}: {reason}")
+    print(f"exported {exported.checkpoint} (step {exported.step}) to {exported.path}")
+    if args.push_to_hub is not None and token is not None:
+        print(f"pushed to {push_export(exported.path, args.push_to_hub, token=token, private=args.private)}")
     return 0
 
 

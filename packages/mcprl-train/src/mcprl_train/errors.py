@@ -27,6 +27,10 @@ class CheckpointError(TrainError, RuntimeError):
     """No complete, verified checkpoint could be loaded (every candidate failed its checksums)."""
 
 
+class ExportError(TrainError, ValueError):
+    """A checkpoint cannot be exported or pushed (missing/corrupt input, an occupied output, no hub token)."""
+
+
 class PlanError(TrainError, ValueError):
     """The memory plan cannot be made (model config unreadable, unknown LoRA target)."""
 
