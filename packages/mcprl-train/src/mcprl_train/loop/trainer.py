@@ -138,10 +138,9 @@ class Trainer:
             self.rollouts = Rollouts(cfg, self.backend, env, progress=self.progress)
             if cfg.sft.enabled:
                 demos = build.load_demos(cfg)
-                self.teacher_success = sum(ok for _, _, ok in demos) / max(1, len(demos))
-                logger.info(
-                    "demonstrations", demos=len(demos), teacher_success=round(self.teacher_success, 3)
-                )
+                scored = [d.succeeds for d in demos if d.succeeds is not None]
+                self.teacher_success = sum(scored) / len(scored) if scored else None
+                logger.info("demonstrations", demos=len(demos), teacher_success=self.teacher_success)
                 examples = render_demonstrations(
                     self.policy.tokenizer,
                     demos,

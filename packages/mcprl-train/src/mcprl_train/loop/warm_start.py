@@ -23,15 +23,13 @@ from mcprl_policy import Policy, policy_forward
 from mcprl_train.config import OptimConfig, SFTConfig
 from mcprl_train.errors import DemonstrationError
 from mcprl_train.loop.chat_mask import prefix_diff_targets
+from mcprl_train.loop.demo_file import Demonstration
 from mcprl_train.loop.learner import warmup_lambda
 from mcprl_train.loop.samples import pack_indices, without_first_token
 from mcprl_train.loop.task_stream import IndexedTasks
 from mcprl_train.typed_torch import optimizer_step
 
 logger = structlog.get_logger()
-
-Demonstration = tuple[str, list[dict[str, Any]], bool]
-"""``(task_id, messages, succeeds)``: one warm-start demonstration (chat messages as JSON objects)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -103,24 +101,33 @@ def render_demonstrations(
     *,
     end_of_turn: Collection[int] | None = None,
 ) -> list[SFTExample]:
-    """Render ``(task_id, messages, succeeds)`` demonstrations with the tool schemas and template arguments
-    the environment uses for each task, so the tokens the model imitates are the tokens it will later sample.
+    """Render demonstrations with the tool schemas and template arguments the environment uses for each task,
+    so the tokens the model imitates are the tokens it will later sample: the model's own chat template
+    renders the structured ``tool_calls`` in its own tool-call format.
 
     Raises:
-        DemonstrationError: naming the demonstration (its index and task id) and the problem.
+        DemonstrationError: naming the demonstration (its source and task id) and the problem: an unknown
+            task, a call to a tool the task does not offer, or a rendering problem (`render_example`).
     """
     by_id = {tasks.task_at(i).id: i for i in range(len(tasks))}
     out: list[SFTExample] = []
-    for n, (task_id, messages, _) in enumerate(demos):
-        where = f"demonstration {n} (task {task_id!r})"
-        if task_id not in by_id:
+    for demo in demos:
+        where = f"demonstration {demo.source} (task {demo.task_id!r})"
+        if demo.task_id not in by_id:
             raise DemonstrationError(f"{where}: no such task in the training set")
-        schemas = list(env.tool_access(tasks.task_at(by_id[task_id])).schemas)
+        schemas = list(env.tool_access(tasks.task_at(by_id[demo.task_id])).schemas)
+        offered = {str(s["function"]["name"]) for s in schemas}
+        for name in _called_tools(demo.messages):
+            if name not in offered:
+                raise DemonstrationError(
+                    f"{where}: a tool call names {name!r}, which the task does not offer "
+                    f"(its tools: {', '.join(sorted(offered)) or 'none'})"
+                )
         try:
             out.append(
                 render_example(
                     tokenizer,
-                    messages,
+                    demo.messages,
                     schemas,
                     template_kwargs=env.config.chat_template_kwargs,
                     end_of_turn=end_of_turn,
@@ -129,6 +136,14 @@ def render_demonstrations(
         except DemonstrationError as e:
             raise DemonstrationError(f"{where}: {e}") from e
     return out
+
+
+def _called_tools(messages: Sequence[dict[str, Any]]) -> list[str]:
+    names: list[str] = []
+    for m in messages:
+        calls: list[dict[str, Any]] = (m.get("tool_calls") or []) if m.get("role") == "assistant" else []
+        names.extend(str(call["function"]["name"]) for call in calls)
+    return names
 
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
