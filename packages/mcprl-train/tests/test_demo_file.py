@@ -195,3 +195,14 @@ def test_the_cli_warm_starts_on_a_demonstrations_file_then_runs_grpo(tmp_path: P
         json.loads(line) for line in (tmp_path / "runs" / "r" / "metrics.jsonl").read_text().splitlines()
     ]
     assert any("sft/loss" in m for m in metrics)
+
+
+def test_the_cli_stops_on_a_malformed_line_with_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path / "demos.jsonl", [json.dumps(GOOD), '{"task_id": "x", "messages": ['])
+    assert main(_train_args(tmp_path, path)) == 2
+    err = capsys.readouterr().err
+    [error] = [e for e in err.splitlines() if e.startswith("error:")]
+    assert error.startswith(f"error: {path}:2: malformed JSON")
+    assert "Traceback" not in err

@@ -129,6 +129,7 @@ class Trainer:
         if (warning := build.tiny_profile_warning(cfg)) is not None:
             logger.warning("profile_made_for_the_tiny_model", detail=warning)
         train_set, self.val_tasks = self.tasks or build.load_tasks(cfg)  # before anything heavy
+        demos = build.load_demos(cfg) if cfg.sft.enabled else []  # a bad demonstrations file fails here too
         self.stream = TaskStream(train_set, seed=cfg.run.seed)
         loaded = self.find_checkpoint() if self.resume else None
         self.build_learning(loaded)
@@ -137,7 +138,6 @@ class Trainer:
             assert self.backend is not None
             self.rollouts = Rollouts(cfg, self.backend, env, progress=self.progress)
             if cfg.sft.enabled:
-                demos = build.load_demos(cfg)
                 scored = [d.succeeds for d in demos if d.succeeds is not None]
                 self.teacher_success = sum(scored) / len(scored) if scored else None
                 logger.info("demonstrations", demos=len(demos), teacher_success=self.teacher_success)
