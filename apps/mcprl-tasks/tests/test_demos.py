@@ -160,7 +160,7 @@ def test_probabilities_outside_the_unit_interval_are_refused() -> None:
         imperfect_teacher(task, random.Random(0), p_skip_lookup=1.5)
 
 
-def _typo_demos(n: int) -> list[tuple[dict[str, Any], list[dict[str, str]]]]:
+def _typo_demos(n: int) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     out = []
     for i, task in enumerate(_sample("demo", n)):
         messages = imperfect_teacher(task, random.Random(i), p_typo=1.0)
