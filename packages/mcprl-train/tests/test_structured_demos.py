@@ -220,3 +220,17 @@ def test_the_tiny_models_template_renders_structured_calls_as_its_compact_text_f
         text = render_example(tiny_tokenizer, _as_text(messages), TOOLS)
         assert structured == text, task["id"]
     assert any(m.get("tool_calls") for m in mcprl_tasks.ideal_demo(_scripted(1)[0][0]))
+
+
+def test_a_demonstration_the_template_refuses_is_a_demonstration_error(
+    chat_templates_dir: Path, template_tokenizer: TemplateTokenizer
+) -> None:
+    from mcprl_train.errors import DemonstrationError
+
+    tok = _tokenizer(template_tokenizer, chat_templates_dir, "llama3.1")
+    parallel = copy.deepcopy(STRUCTURED)
+    parallel[2]["tool_calls"].append(_call("get_quote", symbol="BETA"))
+    with pytest.raises(
+        DemonstrationError, match=r"the model's chat template refuses it: .*single tool-calls"
+    ):
+        render_example(tok, parallel, TOOLS)

@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import attrs
+import jinja2
 import structlog
 import torch
 
@@ -69,9 +70,25 @@ def render_example(
         end_of_turn: Ids that end a sampled turn (default: the tokenizer's eos).
 
     Raises:
-        DemonstrationError: a weight is not 0 or 1, the conversation has no assistant target, or the
-            template's rendering cannot give one token sequence (see `prefix_diff_targets`).
+        DemonstrationError: a weight is not 0 or 1, the conversation has no assistant target, the template
+            refuses the conversation (raises), or its rendering cannot give one token sequence (see
+            `prefix_diff_targets`).
     """
+    try:
+        return _render(tokenizer, messages, tools, template_kwargs=template_kwargs, end_of_turn=end_of_turn)
+    except jinja2.TemplateError as e:
+        # A template refuses what it cannot render (Llama 3.1: one tool call per assistant message).
+        raise DemonstrationError(f"the model's chat template refuses it: {e}") from e
+
+
+def _render(
+    tokenizer: ChatTokenizer,
+    messages: Sequence[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    template_kwargs: dict[str, Any] | None,
+    end_of_turn: Collection[int] | None,
+) -> SFTExample:
     weights = [_weight(m) for m in messages if m.get("role") == "assistant"]
     clean = [{k: v for k, v in m.items() if k != "weight"} for m in messages]
     kwargs = dict(template_kwargs or {})
