@@ -15,10 +15,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 import mcprl_tasks
 from mcprl_train.cli import main
 from mcprl_train.loop.demo_file import read_demo_file
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> Iterator[None]:
+    """The CLI configures structlog to write to the test's captured output (and a run's log file)."""
+    yield
+    from mcprl_train.run.tracking import configure_logging
+
+    configure_logging(json_output=True)  # closes a run's log file
+    structlog.reset_defaults()
+
 
 TASKS = mcprl_tasks.read_tasks(mcprl_tasks.load_preset("demo")[0])[:4]
 WRONG, STRAY = str(TASKS[2]["id"]), str(TASKS[1]["id"])  # a numeric checker; a post_quote task

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 import mcprl_tasks
 from mcprl_train.build import load_demos
@@ -14,6 +16,17 @@ from mcprl_train.cli import main
 from mcprl_train.config import Config
 from mcprl_train.errors import DemonstrationError
 from mcprl_train.loop.demo_file import read_demo_file
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> Iterator[None]:
+    """The CLI configures structlog to write to the test's captured output (and a run's log file)."""
+    yield
+    from mcprl_train.run.tracking import configure_logging
+
+    configure_logging(json_output=True)  # closes a run's log file
+    structlog.reset_defaults()
+
 
 TASKS = mcprl_tasks.read_tasks(mcprl_tasks.load_preset("demo")[0])
 

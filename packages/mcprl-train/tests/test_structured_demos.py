@@ -24,6 +24,7 @@ import mcprl_tasks.toolsim
 from mcprl_env import ChatTokenizer, Transcript, get_parser
 from mcprl_env.testing import ScriptedCompletion
 from mcprl_policy.tiny import build_tiny_model
+from mcprl_train.errors import DemonstrationError
 from mcprl_train.loop.warm_start import SFTExample, render_example
 
 TemplateTokenizer = Callable[
@@ -225,8 +226,6 @@ def test_the_tiny_models_template_renders_structured_calls_as_its_compact_text_f
 def test_a_demonstration_the_template_refuses_is_a_demonstration_error(
     chat_templates_dir: Path, template_tokenizer: TemplateTokenizer
 ) -> None:
-    from mcprl_train.errors import DemonstrationError
-
     tok = _tokenizer(template_tokenizer, chat_templates_dir, "llama3.1")
     parallel = copy.deepcopy(STRUCTURED)
     parallel[2]["tool_calls"].append(_call("get_quote", symbol="BETA"))
