@@ -42,13 +42,17 @@ def _sample(preset: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
     return random.Random(seed).sample(tasks, n)
 
 
-def _calls(messages: list[dict[str, str]]) -> list[tuple[dict[str, Any], str]]:
+def _calls(messages: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str]]:
     """(tool call, tool result) pairs of a script."""
     out = []
     for i, message in enumerate(messages):
-        if message["role"] == "assistant" and message["content"].startswith("<tool_call>"):
-            body = message["content"].removeprefix("<tool_call>").removesuffix("</tool_call>")
-            out.append((json.loads(body), messages[i + 1]["content"]))
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            (call,) = message["tool_calls"]
+            assert call["type"] == "function"
+            assert message["content"] == ""
+            assert messages[i + 1]["role"] == "tool"
+            assert messages[i + 1]["name"] == call["function"]["name"]
+            out.append((call["function"], messages[i + 1]["content"]))
     return out
 
 
@@ -156,7 +160,7 @@ def test_probabilities_outside_the_unit_interval_are_refused() -> None:
         imperfect_teacher(task, random.Random(0), p_skip_lookup=1.5)
 
 
-def _typo_demos(n: int) -> list[tuple[dict[str, Any], list[dict[str, str]]]]:
+def _typo_demos(n: int) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     out = []
     for i, task in enumerate(_sample("demo", n)):
         messages = imperfect_teacher(task, random.Random(i), p_typo=1.0)
@@ -181,7 +185,7 @@ def test_a_mistyped_ticker_is_retried_with_the_task_s_ticker() -> None:
         # The mistyped call is context, not a target: only it carries weight 0.
         weighted = [m for m in messages if "weight" in m]
         assert [(m["role"], m["weight"]) for m in weighted] == [("assistant", 0)]
-        assert typo in weighted[0]["content"]
+        assert weighted[0]["tool_calls"][0]["function"]["arguments"] == {"symbol": typo}
 
 
 @pytest.mark.anyio

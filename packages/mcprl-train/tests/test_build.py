@@ -2,26 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from mcprl_train.build import load_demos
 from mcprl_train.config import Config
+from mcprl_train.loop.demo_file import Demonstration
 
 
-def _demos(*overrides: str) -> list[tuple[str, list[dict[str, str]], bool]]:
+def _demos(*overrides: str) -> list[Demonstration]:
     config = Config.load("cpu", overrides=["sft.demos=60", "sft.teacher_noise=1.0", *overrides])
     return load_demos(config)
 
 
-def _retries(messages: list[dict[str, str]]) -> int:
+def _retries(messages: list[dict[str, Any]]) -> int:
     return sum(m["role"] == "tool" and "Unknown symbol" in m["content"] for m in messages)
 
 
 def test_teacher_typos_add_a_recovered_lookup_to_some_demonstrations() -> None:
     plain = _demos()
     typos = _demos("sft.teacher_typos=1.0")
-    assert [d[0] for d in plain] == [d[0] for d in typos]  # the same tasks, in the same order
-    assert sum(_retries(m) for _, m, _ in plain) == 0
-    assert all(_retries(m) <= 1 for _, m, _ in typos)
-    assert sum(_retries(m) for _, m, _ in typos) >= 30
+    assert [d.task_id for d in plain] == [d.task_id for d in typos]  # the same tasks, in the same order
+    assert sum(_retries(d.messages) for d in plain) == 0
+    assert all(_retries(d.messages) <= 1 for d in typos)
+    assert sum(_retries(d.messages) for d in typos) >= 30
 
 
 def test_demonstrations_are_the_same_in_every_run() -> None:

@@ -36,8 +36,8 @@ def test_tasks_without_demonstrations_are_left_to_grpo(tmp_path: Path) -> None:
     path = write(tmp_path / "mixed.jsonl", [*bundled, *(own_task(i) for i in range(12))])
     config = Config.load("cpu", overrides=[f"tasks.train={path}", "sft.demos=100", "sft.teacher_noise=0.0"])
     demos = load_demos(config)
-    assert sorted(task_id for task_id, _, _ in demos) == sorted(str(t["id"]) for t in bundled)
-    assert all(succeeds for _, _, succeeds in demos)  # the ideal teacher's scripts
+    assert sorted(d.task_id for d in demos) == sorted(str(t["id"]) for t in bundled)
+    assert all(d.succeeds for d in demos)  # the ideal teacher's scripts
 
 
 def test_a_set_with_no_demonstrations_says_to_disable_the_warm_start(tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """Demonstrations for the warm start: the ideal tool-call script of a task, and an imperfect teacher.
 
-A demonstration is a list of chat messages in the model-facing format of ``docs/INTERFACES.md``: assistant
-turns holding one ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` each, ``tool`` messages holding
-exactly the text the bundled servers return (see :mod:`mcprl_tasks.toolsim`), and a final
-``<answer>...</answer>`` turn. :func:`imperfect_teacher` corrupts the script the way a weak agent would
+A demonstration is a list of chat messages in the OpenAI format: assistant turns holding one structured call
+each (``tool_calls: [{"type": "function", "function": {"name": ..., "arguments": {...}}}]``, empty content),
+``tool`` messages naming the tool and holding exactly the text the bundled servers return (see
+:mod:`mcprl_tasks.toolsim`), and a final ``<answer>...</answer>`` turn. The model's own chat template renders
+the calls in its own format (Hermes/Qwen ``<tool_call>`` JSON, Qwen3.5 XML, Llama 3 JSON). :func:`imperfect_teacher` corrupts the script the way a weak agent would
 (guessing instead of looking up, making a needless call, answering wrongly, mistyping a ticker and retrying
 after the server's error) so that warm-starting on it leaves room for RL; :func:`demo_succeeds` scores a script with the task's checker semantics.
 """
@@ -21,7 +22,7 @@ from mcprl_servers.workspace_seed import SEED_CHANNELS, SEED_USERS
 from mcprl_tasks.errors import TasksError
 from mcprl_tasks.messaging_families import latest_message
 from mcprl_tasks.scoring import Message, demo_succeeds
-from mcprl_tasks.toolsim import known_symbol, simulate_tool, simulate_tool_error, tool_call_text
+from mcprl_tasks.toolsim import known_symbol, simulate_tool, simulate_tool_error, tool_call, tool_call_text
 
 __all__ = [
     "Message",
@@ -29,6 +30,7 @@ __all__ = [
     "ideal_demo",
     "imperfect_teacher",
     "python_ratio_output",
+    "tool_call",
     "tool_call_text",
 ]
 
@@ -52,12 +54,12 @@ class _Script:
     def call(
         self, name: str, arguments: dict[str, Any], result: str | None = None, *, target: bool = True
     ) -> str:
-        message: Message = {"role": "assistant", "content": tool_call_text(name, arguments)}
+        message: Message = {"role": "assistant", "content": "", "tool_calls": [tool_call(name, arguments)]}
         if not target:
             message["weight"] = 0  # context only: the warm start does not imitate it
         self.messages.append(message)
         text = simulate_tool(name, arguments) if result is None else result
-        self.messages.append({"role": "tool", "content": text})
+        self.messages.append({"role": "tool", "name": name, "content": text})
         return text
 
     def answer(self, text: str) -> list[Message]:

@@ -20,28 +20,29 @@ __all__ = ["Message", "demo_succeeds", "final_answer", "posted_messages"]
 
 Message = dict[str, Any]
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
 def final_answer(messages: list[Message]) -> str | None:
     """The text inside the last assistant turn's ``<answer>`` tags (or its whole text), if it has no call."""
-    if not messages or messages[-1]["role"] != "assistant" or "<tool_call>" in messages[-1]["content"]:
+    if not messages or messages[-1]["role"] != "assistant" or messages[-1].get("tool_calls"):
         return None
-    final = messages[-1]["content"]
+    final = messages[-1]["content"] or ""
     match = _ANSWER.search(final)
     return (match.group(1) if match else final).strip()
 
 
 def posted_messages(messages: list[Message]) -> list[tuple[str, str]]:
-    """``(channel, text)`` of every ``post_message`` call in a script."""
+    """``(channel, text)`` of every ``post_message`` call in a script (structured ``tool_calls``)."""
     posts: list[tuple[str, str]] = []
     for message in messages:
         if message["role"] != "assistant":
             continue
-        for body in _CALL.findall(message["content"]):
-            call = json.loads(body)
-            if call["name"] == "post_message":
-                args = call["arguments"]
+        for call in message.get("tool_calls") or []:
+            function = call["function"]
+            args = function["arguments"]
+            if isinstance(args, str):
+                args = json.loads(args)
+            if function["name"] == "post_message":
                 posts.append((args["channel"].strip().lstrip("#").lower(), args["text"]))
     return posts
 

@@ -22,7 +22,14 @@ from mcprl_servers.workspace import Workspace
 from mcprl_tasks.errors import TasksError
 from mcprl_tasks.search_families import search_index
 
-__all__ = ["SIMULATED_TOOLS", "known_symbol", "simulate_tool", "simulate_tool_error", "tool_call_text"]
+__all__ = [
+    "SIMULATED_TOOLS",
+    "known_symbol",
+    "simulate_tool",
+    "simulate_tool_error",
+    "tool_call",
+    "tool_call_text",
+]
 
 _EPISODE = "mcprl-tasks-demo"  # never posted to: reads see exactly the seed state
 
@@ -37,8 +44,13 @@ def _workspace() -> Workspace:
     return Workspace(max_episodes=1)
 
 
+def tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """One structured call of an assistant message's ``tool_calls`` (OpenAI's chat format)."""
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
-    """An assistant turn making one tool call (Hermes/Qwen style)."""
+    """One tool call as text in the Hermes/Qwen form (what the embedded tiny model's template renders)."""
     return (
         "<tool_call>"
         + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)

@@ -18,9 +18,9 @@ if TYPE_CHECKING:
     from mcprl_policy import Policy, PolicySampler, ReferencePolicy
     from mcprl_tools import MissingVariables, ServersConfig
     from mcprl_train.config import Config
+    from mcprl_train.loop.demo_file import Demonstration
     from mcprl_train.loop.task_stream import IndexedTasks
     from mcprl_train.loop.update import TorchBackend
-    from mcprl_train.loop.warm_start import Demonstration
 
 TaskData: TypeAlias = "tuple[TaskSet, list[Task]]"
 """The indexed training set and the fixed validation subset (`load_tasks`)."""
@@ -298,33 +298,60 @@ def load_tasks(config: Config) -> TaskData:
 
 
 def load_demos(config: Config) -> list[Demonstration]:
-    """The warm-start demonstrations: `(task_id, messages, succeeds)` for `sft.demos` training tasks.
+    """The warm-start demonstrations: the lines of `sft.demos_path`, and/or scripted ones.
 
-    A fraction `sft.teacher_noise` of them comes from `mcprl_tasks.imperfect_teacher` (guessed prices,
-    needless calls, wrong answers; mistyped tickers retried after the error with `sft.teacher_typos`), the rest from `mcprl_tasks.ideal_demo`; both seeded by `run.seed`.
-    The demo tasks are taken in a fixed seeded order, so the demonstration set is the same in every run.
-    Only tasks of the bundled families (`mcprl_tasks.FAMILIES`) have scripted demonstrations: the others (a
-    user's own families) are left to GRPO alone.
+    Without `sft.demos_path`, or with `sft.add_scripted`, `sft.demos` training tasks of the bundled families get
+    a scripted demonstration (`scripted_demos`). A file's demonstrations are all used, checked at start-up
+    with their line numbers (`mcprl_train.loop.demo_file`).
 
     Raises:
-        ConfigError: no training task belongs to a family with demonstrations (set `sft.enabled=false`).
+        FileNotFoundError: `sft.demos_path` does not exist.
+        DemonstrationError: a line of `sft.demos_path` is malformed (its line number and the problem).
+        ConfigError: only scripted demonstrations are asked for and no training task has one.
+    """
+    from mcprl_train.loop.demo_file import read_demo_file
+
+    path = task_path(config.tasks.train, name="train")
+    if config.sft.demos_path is None:
+        return scripted_demos(config, path)
+    import mcprl_tasks
+
+    ids = {str(t.get("id")) for t in mcprl_tasks.read_tasks(path)}
+    demos = read_demo_file(Path(config.sft.demos_path), ids)
+    if config.sft.add_scripted:
+        demos += scripted_demos(config, path, required=False)
+    return demos
+
+
+def scripted_demos(config: Config, path: Path, *, required: bool = True) -> list[Demonstration]:
+    """`sft.demos` scripted demonstrations of training tasks of the bundled families (`mcprl_tasks.FAMILIES`).
+
+    A fraction `sft.teacher_noise` of them comes from `mcprl_tasks.imperfect_teacher` (guessed prices,
+    needless calls, wrong answers; mistyped tickers retried after the error with `sft.teacher_typos`), the rest
+    from `mcprl_tasks.ideal_demo`; both seeded by `run.seed`. Their tool calls are structured `tool_calls`,
+    which the model's chat template renders in its own format. The demo tasks are taken in a fixed seeded
+    order, so the demonstration set is the same in every run. The other tasks (a user's own families) are
+    left to GRPO alone.
+
+    Raises:
+        ConfigError: `required` and no training task belongs to a family with demonstrations.
     """
     import random
 
     import mcprl_tasks
+    from mcprl_train.loop.demo_file import Demonstration
 
-    path = task_path(config.tasks.train, name="train")
     raw = mcprl_tasks.read_tasks(path)
     rng = random.Random(f"demos:{config.run.seed}")
     order = list(range(len(raw)))
     rng.shuffle(order)
     scripted = [i for i in order if _family(raw[i]) in mcprl_tasks.FAMILIES]
-    if not scripted:
+    if not scripted and required:
         families = sorted({str(_family(t)) for t in raw})
         raise ConfigError(
             f"sft.enabled: no task in {str(path)!r} has a scripted demonstration (its families: "
             f"{', '.join(families)}; demonstrations exist for {', '.join(sorted(mcprl_tasks.FAMILIES))}); "
-            "set sft.enabled=false to train with GRPO alone"
+            "give demonstrations with sft.demos_path, or set sft.enabled=false to train with GRPO alone"
         )
     out: list[Demonstration] = []
     for i in scripted[: config.sft.demos]:
@@ -333,7 +360,10 @@ def load_demos(config: Config) -> list[Demonstration]:
             messages = mcprl_tasks.imperfect_teacher(task, rng, p_typo=config.sft.teacher_typos)
         else:
             messages = mcprl_tasks.ideal_demo(task)
-        out.append((str(task["id"]), messages, bool(mcprl_tasks.demo_succeeds(task, messages))))
+        succeeds = bool(mcprl_tasks.demo_succeeds(task, messages))
+        out.append(
+            Demonstration(task_id=str(task["id"]), messages=messages, succeeds=succeeds, source="scripted")
+        )
     return out
 
 

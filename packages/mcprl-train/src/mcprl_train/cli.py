@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["build_parser", "main"]
 
-_SUBCOMMANDS = ("train", "config", "plan", "eval", "doctor", "plots", "export")
+_SUBCOMMANDS = ("train", "config", "plan", "eval", "doctor", "plots", "export", "collect-demos")
 _GLOBAL_FLAGS = ("--debug",)
 
 # The base error of each library: `(module, class)`.
@@ -127,7 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
     plots.add_argument("run_dir", type=Path)
     export = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory")
     _add_export_args(export)
-    for subparser in (train, config, plan, evaluate, doctor, plots, export):
+    collect = sub.add_parser(
+        "collect-demos",
+        help="demonstrations by rejection sampling from a model behind an OpenAI-compatible API",
+    )
+    _add_config_args(collect)
+    collect.add_argument("--base-url", required=True, help="API root, e.g. http://localhost:8000/v1")
+    collect.add_argument("--model", required=True, help="the model name the endpoint serves")
+    collect.add_argument("--api-key-env", default=None, help="environment variable holding the API key")
+    collect.add_argument("--out", type=Path, required=True, help="JSONL to write (read by sft.demos_path)")
+    collect.add_argument("--attempts", type=int, default=1, help="episodes per task until one succeeds")
+    collect.add_argument("--max-tasks", type=int, default=None, help="only the first N training tasks")
+    collect.add_argument("--temperature", type=float, default=1.0)
+    for subparser in (train, config, plan, evaluate, doctor, plots, export, collect):
         # SUPPRESS: a subcommand without --debug keeps the value given before the subcommand.
         _add_debug_arg(subparser, default=argparse.SUPPRESS)
     return parser
@@ -203,8 +215,26 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             return _eval(args)
         case "export":
             return _export(args)
+        case "collect-demos":
+            return _collect_demos(args)
         case _:
             return _train(args, argv)
+
+
+def _collect_demos(args: argparse.Namespace) -> int:
+    from mcprl_train.commands.collect_demos import Endpoint, run_collect
+
+    if args.attempts < 1:
+        raise TrainError(f"--attempts must be at least 1, got {args.attempts}")
+    endpoint = Endpoint.from_env(
+        args.base_url, args.model, api_key_env=args.api_key_env, temperature=args.temperature
+    )
+    counts = run_collect(_load(args), endpoint, args.out, attempts=args.attempts, max_tasks=args.max_tasks)
+    sys.stdout.write(
+        f"{int(counts['collect/kept'])} of {int(counts['collect/tasks'])} tasks solved in "
+        f"{int(counts['collect/episodes'])} episodes; wrote {args.out} (use --set sft.demos_path={args.out})\n"
+    )
+    return 0
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -364,6 +364,12 @@ class SFTConfig:
     server's error and retry with the right one (its ``p_typo``). ``eval_every``
     validates every N SFT steps (0: only after the stage); ``max_time_s`` ends the stage after that many
     seconds (the continued-SFT baseline of the demo uses it to match GRPO's wall-clock).
+
+    ``demos_path`` reads demonstrations from a JSONL file of chat messages (one
+    ``{"task_id", "messages", "tools"?}`` per line, assistant calls as structured ``tool_calls``; see
+    `mcprl_train.loop.demo_file`), checked at start-up; all of its lines are used and they replace the
+    scripted ones, unless ``add_scripted`` also adds up to ``demos`` scripted demonstrations of the bundled
+    families' tasks.
     """
 
     enabled: bool = False
@@ -378,6 +384,8 @@ class SFTConfig:
     max_grad_norm: float = attrs.field(default=1.0, validator=v.gt(0.0))
     eval_every: int = attrs.field(default=0, validator=v.ge(0))
     max_time_s: float | None = attrs.field(default=None, validator=v.optional(v.gt(0.0)))
+    demos_path: str | None = attrs.field(default=None, validator=v.optional(v.min_len(1)))
+    add_scripted: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -130,6 +130,7 @@ class Trainer:
         if (warning := build.tiny_profile_warning(cfg)) is not None:
             logger.warning("profile_made_for_the_tiny_model", detail=warning)
         train_set, self.val_tasks = self.tasks or build.load_tasks(cfg)  # before anything heavy
+        demos = build.load_demos(cfg) if cfg.sft.enabled else []  # a bad demonstrations file fails here too
         self.stream = TaskStream(train_set, seed=cfg.run.seed)
         loaded = self.find_checkpoint() if self.resume else None
         tools = tool_manager(cfg, self.run_dir.path, world_size=self.world)  # a bad cassette fails first
@@ -139,11 +140,9 @@ class Trainer:
             assert self.backend is not None
             self.rollouts = Rollouts(cfg, self.backend, env, progress=self.progress)
             if cfg.sft.enabled:
-                demos = build.load_demos(cfg)
-                self.teacher_success = sum(ok for _, _, ok in demos) / max(1, len(demos))
-                logger.info(
-                    "demonstrations", demos=len(demos), teacher_success=round(self.teacher_success, 3)
-                )
+                scored = [d.succeeds for d in demos if d.succeeds is not None]
+                self.teacher_success = sum(scored) / len(scored) if scored else None
+                logger.info("demonstrations", demos=len(demos), teacher_success=self.teacher_success)
                 examples = render_demonstrations(
                     self.policy.tokenizer,
                     demos,

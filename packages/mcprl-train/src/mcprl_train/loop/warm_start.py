@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import attrs
+import jinja2
 import structlog
 import torch
 
@@ -23,15 +24,13 @@ from mcprl_policy import Policy, policy_forward
 from mcprl_train.config import OptimConfig, SFTConfig
 from mcprl_train.errors import DemonstrationError
 from mcprl_train.loop.chat_mask import prefix_diff_targets
+from mcprl_train.loop.demo_file import Demonstration
 from mcprl_train.loop.learner import warmup_lambda
 from mcprl_train.loop.samples import pack_indices, without_first_token
 from mcprl_train.loop.task_stream import IndexedTasks
 from mcprl_train.typed_torch import optimizer_step
 
 logger = structlog.get_logger()
-
-Demonstration = tuple[str, list[dict[str, Any]], bool]
-"""``(task_id, messages, succeeds)``: one warm-start demonstration (chat messages as JSON objects)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -71,9 +70,25 @@ def render_example(
         end_of_turn: Ids that end a sampled turn (default: the tokenizer's eos).
 
     Raises:
-        DemonstrationError: a weight is not 0 or 1, the conversation has no assistant target, or the
-            template's rendering cannot give one token sequence (see `prefix_diff_targets`).
+        DemonstrationError: a weight is not 0 or 1, the conversation has no assistant target, the template
+            refuses the conversation (raises), or its rendering cannot give one token sequence (see
+            `prefix_diff_targets`).
     """
+    try:
+        return _render(tokenizer, messages, tools, template_kwargs=template_kwargs, end_of_turn=end_of_turn)
+    except jinja2.TemplateError as e:
+        # A template refuses what it cannot render (Llama 3.1: one tool call per assistant message).
+        raise DemonstrationError(f"the model's chat template refuses it: {e}") from e
+
+
+def _render(
+    tokenizer: ChatTokenizer,
+    messages: Sequence[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    template_kwargs: dict[str, Any] | None,
+    end_of_turn: Collection[int] | None,
+) -> SFTExample:
     weights = [_weight(m) for m in messages if m.get("role") == "assistant"]
     clean = [{k: v for k, v in m.items() if k != "weight"} for m in messages]
     kwargs = dict(template_kwargs or {})
@@ -103,24 +118,33 @@ def render_demonstrations(
     *,
     end_of_turn: Collection[int] | None = None,
 ) -> list[SFTExample]:
-    """Render ``(task_id, messages, succeeds)`` demonstrations with the tool schemas and template arguments
-    the environment uses for each task, so the tokens the model imitates are the tokens it will later sample.
+    """Render demonstrations with the tool schemas and template arguments the environment uses for each task,
+    so the tokens the model imitates are the tokens it will later sample: the model's own chat template
+    renders the structured ``tool_calls`` in its own tool-call format.
 
     Raises:
-        DemonstrationError: naming the demonstration (its index and task id) and the problem.
+        DemonstrationError: naming the demonstration (its source and task id) and the problem: an unknown
+            task, a call to a tool the task does not offer, or a rendering problem (`render_example`).
     """
     by_id = {tasks.task_at(i).id: i for i in range(len(tasks))}
     out: list[SFTExample] = []
-    for n, (task_id, messages, _) in enumerate(demos):
-        where = f"demonstration {n} (task {task_id!r})"
-        if task_id not in by_id:
+    for demo in demos:
+        where = f"demonstration {demo.source} (task {demo.task_id!r})"
+        if demo.task_id not in by_id:
             raise DemonstrationError(f"{where}: no such task in the training set")
-        schemas = list(env.tool_access(tasks.task_at(by_id[task_id])).schemas)
+        schemas = list(env.tool_access(tasks.task_at(by_id[demo.task_id])).schemas)
+        offered = {str(s["function"]["name"]) for s in schemas}
+        for name in _called_tools(demo.messages):
+            if name not in offered:
+                raise DemonstrationError(
+                    f"{where}: a tool call names {name!r}, which the task does not offer "
+                    f"(its tools: {', '.join(sorted(offered)) or 'none'})"
+                )
         try:
             out.append(
                 render_example(
                     tokenizer,
-                    messages,
+                    demo.messages,
                     schemas,
                     template_kwargs=env.config.chat_template_kwargs,
                     end_of_turn=end_of_turn,
@@ -129,6 +153,14 @@ def render_demonstrations(
         except DemonstrationError as e:
             raise DemonstrationError(f"{where}: {e}") from e
     return out
+
+
+def _called_tools(messages: Sequence[dict[str, Any]]) -> list[str]:
+    names: list[str] = []
+    for m in messages:
+        calls: list[dict[str, Any]] = (m.get("tool_calls") or []) if m.get("role") == "assistant" else []
+        names.extend(str(call["function"]["name"]) for call in calls)
+    return names
 
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
