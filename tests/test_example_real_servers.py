@@ -6,6 +6,7 @@ The real APIs need keys and the network, which the test suite has neither of: th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,11 +27,12 @@ VARIABLES = {
 
 
 @pytest.fixture(autouse=True)
-def _no_keys(monkeypatch: pytest.MonkeyPatch) -> None:
-    structlog.reset_defaults()
+def _no_keys(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for names in VARIABLES.values():
         for name in names:
             monkeypatch.delenv(name, raising=False)
+    yield
+    structlog.reset_defaults()  # doctor configures structlog for its console
 
 
 def test_the_example_loads_with_its_variables_and_state() -> None:

@@ -11,14 +11,22 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from mcprl_train.cli import main
 
 StandinModel = Callable[[str, str], Path]
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> Iterator[None]:
+    """`train` and `doctor` configure structlog for the test's captured output: later tests get it back."""
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture

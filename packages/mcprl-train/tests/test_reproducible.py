@@ -30,6 +30,11 @@ from mcprl_train.run.run_dir import RunDir
 pytestmark = pytest.mark.slow
 
 TIMING = ("run", "time", "time/", "perf/", "wall_s")
+"""Metric keys that are clock readings (prefixes; and any key ending in ``_ms``, e.g. the tools' queue waits)."""
+
+
+def is_timing(key: str) -> bool:
+    return key.startswith(TIMING) or key.endswith("_ms")
 
 
 def demo_tasks(tmp_path: Path, per_family: int = 2) -> Path:
@@ -96,9 +101,7 @@ def episodes(run: Path) -> dict[tuple[int, str], dict[str, Any]]:
 def step_metrics(run: Path) -> dict[int, dict[str, Any]]:
     records = RunDir.open(run).read_metrics().records
     return {
-        r["step"]: {k: v for k, v in r.items() if not k.startswith(TIMING)}
-        for r in records
-        if r["kind"] == "grpo"
+        r["step"]: {k: v for k, v in r.items() if not is_timing(k)} for r in records if r["kind"] == "grpo"
     }
 
 

@@ -8,6 +8,7 @@ with ``***``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
@@ -24,7 +25,12 @@ CANARY = "literal-canary-5e1d7b"
 
 
 @pytest.fixture(autouse=True)
-def _reset_structlog() -> None:
+def _reset_structlog() -> Iterator[None]:
+    """`train` configures structlog to write to the test's captured stderr and the run's log file."""
+    yield
+    from mcprl_train.run.tracking import configure_logging
+
+    configure_logging(json_output=True)  # closes the run's log file
     structlog.reset_defaults()
 
 
