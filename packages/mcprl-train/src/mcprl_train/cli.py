@@ -305,17 +305,9 @@ async def _evaluate_checkpoint(path: Path, overrides: list[str]) -> dict[str, An
     from mcprl_train import build
     from mcprl_train.cassettes import tool_manager
     from mcprl_train.loop.evaluation import evaluate_tasks
-    from mcprl_train.run.checkpoint import CheckpointManager
-    from mcprl_train.run.run_dir import RunDir
+    from mcprl_train.run.run_dir import open_checkpoint
 
-    if (path / "manifest.json").is_file():
-        run_dir = RunDir.open(path.parent.parent)
-        loaded = CheckpointManager(path.parent).load(path)
-    else:
-        run_dir = RunDir.open(path)
-        loaded = run_dir.checkpoints.load_latest()
-        if loaded is None:
-            raise TrainError(f"{str(path)!r} has no checkpoint to evaluate")
+    run_dir, loaded = open_checkpoint(path)
     config = run_dir.load_config().replace(overrides)
     if config.tasks.validation is None:
         raise TrainError("tasks.validation is null: nothing to evaluate on (--set tasks.validation=FILE)")

@@ -73,32 +73,21 @@ class Exported:
 
 
 def locate_checkpoint(path: Path) -> tuple[RunDir, Checkpoint]:
-    """The run and the verified checkpoint at ``path``: a checkpoint directory, or a run's latest checkpoint.
+    """`mcprl_train.run.run_dir.open_checkpoint`, its errors as `ExportError`.
 
     Raises:
         ExportError: ``path`` is missing, neither a checkpoint nor a run directory, or fails verification
             (the message names the file).
     """
     from mcprl_train.errors import CheckpointError, RunDirError
-    from mcprl_train.run.checkpoint import MANIFEST, CheckpointManager
-    from mcprl_train.run.run_dir import RunDir
+    from mcprl_train.run.run_dir import open_checkpoint
 
-    if not path.exists():
-        raise ExportError(f"{path}: no such checkpoint or run directory")
     try:
-        if (path / MANIFEST).is_file():
-            return RunDir.open(path.parent.parent), CheckpointManager(path.parent).load(path)
-        if not (path / "config.yaml").is_file():
-            raise ExportError(
-                f"{path}: neither a checkpoint (no {MANIFEST}) nor a run directory (no config.yaml)"
-            )
-        run_dir = RunDir.open(path)
-        loaded = run_dir.checkpoints.load_latest()
-    except (CheckpointError, RunDirError) as exc:
+        return open_checkpoint(path)
+    except RunDirError as exc:
+        raise ExportError(str(exc)) from exc
+    except CheckpointError as exc:
         raise ExportError(f"{path}: {exc}") from exc
-    if loaded is None:
-        raise ExportError(f"{path}: the run has no checkpoint (no {run_dir.checkpoints.root}/step-*)")
-    return run_dir, loaded
 
 
 def export_checkpoint(

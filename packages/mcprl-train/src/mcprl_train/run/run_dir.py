@@ -26,6 +26,7 @@ API (used by `mcprl_train.loop.trainer.Trainer`; `RunDir` is a `mcprl_train.run.
   exactly what an uninterrupted run would have written up to ``step``.
 - ``run_dir.read_metrics()`` / ``run_dir.read_trajectories()`` — records, skipping (and reporting) a torn line.
 - ``run_dir.checkpoints`` — the `CheckpointManager` of ``checkpoints/``.
+- ``open_checkpoint(path)`` — a checkpoint directory or a run's latest checkpoint, with its run (eval, export).
 
 A record is appended with a single ``write`` of complete lines, then ``flush`` + ``fsync``: a crash leaves at
 most one torn last line, never a half-line in the middle of the file.
@@ -45,7 +46,7 @@ import structlog
 
 from mcprl_train.config.layers import is_dict
 from mcprl_train.errors import RunDirError
-from mcprl_train.run.checkpoint import CheckpointManager, fsync_dir
+from mcprl_train.run.checkpoint import MANIFEST, Checkpoint, CheckpointManager, fsync_dir
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -325,3 +326,25 @@ def _atomic_write_text(path: Path, text: str) -> None:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def open_checkpoint(path: Path) -> tuple[RunDir, Checkpoint]:
+    """The run and the verified checkpoint at ``path``: a checkpoint directory, or a run's latest checkpoint.
+
+    Raises:
+        RunDirError: ``path`` is missing, neither a checkpoint nor a run directory, or the run has no checkpoint.
+        CheckpointError: the checkpoint fails verification (the message names the file).
+    """
+    if not path.exists():
+        raise RunDirError(f"{path}: no such checkpoint or run directory")
+    if (path / MANIFEST).is_file():
+        return RunDir.open(path.parent.parent), CheckpointManager(path.parent).load(path)
+    if not (path / CONFIG_FILE).is_file():
+        raise RunDirError(
+            f"{path}: neither a checkpoint (no {MANIFEST}) nor a run directory (no {CONFIG_FILE})"
+        )
+    run_dir = RunDir.open(path)
+    loaded = run_dir.checkpoints.load_latest()
+    if loaded is None:
+        raise RunDirError(f"{path}: the run has no checkpoint (no {run_dir.checkpoints.root}/step-*)")
+    return run_dir, loaded
