@@ -9,9 +9,10 @@ episodes died of them is re-run (bounded retries), leftovers stay masked out of 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
+import attrs
 import structlog
 
 from mcprl_env import Environment, EpisodeGroup, Sampler, Task, aggregate_metrics
@@ -25,6 +26,109 @@ def count_invalid(group: EpisodeGroup) -> int:
     return sum(1 for e in group.episodes if not e.valid)
 
 
+def needs_retry(group: EpisodeGroup) -> bool:
+    """More than half of the group's episodes are invalid: the group carries too little signal to keep."""
+    return 2 * count_invalid(group) > len(group.episodes)
+
+
+def discard_reason(group: EpisodeGroup) -> str:
+    """Why a group's attempt was thrown away, e.g. ``infrastructure: 5/8 episodes invalid (server_restarted: 4, ...)``."""
+    reasons = Counter(e.stop_reason for e in group.episodes if not e.valid).most_common()
+    detail = ", ".join(f"{reason}: {n}" for reason, n in reasons)
+    return f"infrastructure: {count_invalid(group)}/{len(group.episodes)} episodes invalid ({detail})"
+
+
+@attrs.frozen(kw_only=True)
+class Discarded:
+    """A group's attempt that was re-run: kept for the record, never trained on.
+
+    Attributes:
+        attempt: 0 for the first attempt, k for the k-th retry.
+        group: The attempt's episodes.
+        reason: `discard_reason` of the group.
+    """
+
+    attempt: int
+    group: EpisodeGroup
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class Collection:
+    """What a collection produced: the groups to learn from and every attempt that was thrown away.
+
+    Attributes:
+        groups: One group per task, in task order (after retries).
+        attempts: The attempt each of `groups` came from (0: first, k: k-th retry), aligned with `groups`.
+        discarded: The attempts that were re-run, in the order they were thrown away.
+    """
+
+    groups: list[EpisodeGroup]
+    attempts: list[int]
+    discarded: list[Discarded]
+
+    def __add__(self, other: Collection) -> Collection:
+        return Collection(
+            groups=[*self.groups, *other.groups],
+            attempts=[*self.attempts, *other.attempts],
+            discarded=[*self.discarded, *other.discarded],
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[Collection]) -> Collection:
+        """The parts (ranks, back-fill rounds) as one collection."""
+        out = cls(groups=[], attempts=[], discarded=[])
+        for part in parts:
+            out += part
+        return out
+
+    def retry_metrics(self) -> dict[str, float]:
+        """Invalid counts before the retries, and the retries that ran.
+
+        Keys: `rollout/pre_retry/invalid_episodes`, `.../invalid_rate` and `.../invalid_groups` (over every
+        group's first attempt: the rate `rollout/invalid_rate` would have had without retries; groups more than
+        half invalid), `rollout/retries` (retry rounds that ran), `rollout/retried_groups` (re-runs of a group,
+        all rounds), `rollout/discarded_episodes` (episodes of the attempts thrown away, written to the
+        trajectories with ``discarded``), and per retry round k that ran `rollout/retry_<k>/episodes`,
+        `.../invalid_episodes`, `.../invalid_groups`.
+        """
+        ran = [*zip(self.attempts, self.groups, strict=True), *((d.attempt, d.group) for d in self.discarded)]
+        rounds = max((attempt for attempt, _ in ran), default=0)
+        out: dict[str, float] = {}
+        for attempt in range(rounds + 1):
+            groups = [g for a, g in ran if a == attempt]
+            episodes = sum(len(g.episodes) for g in groups)
+            invalid = sum(count_invalid(g) for g in groups)
+            key = "rollout/pre_retry" if attempt == 0 else f"rollout/retry_{attempt}"
+            out[f"{key}/episodes"] = float(episodes)
+            out[f"{key}/invalid_episodes"] = float(invalid)
+            out[f"{key}/invalid_groups"] = float(sum(needs_retry(g) for g in groups))
+            if attempt == 0:
+                out[f"{key}/invalid_rate"] = invalid / episodes if episodes else 0.0
+        out["rollout/retries"] = float(rounds)
+        out["rollout/retried_groups"] = float(len(self.discarded))
+        out["rollout/discarded_episodes"] = float(sum(len(d.group.episodes) for d in self.discarded))
+        return out
+
+    def trajectory_records(self) -> list[Mapping[str, object]]:
+        """One record per episode for ``trajectories.jsonl``: the kept ones, then the discarded attempts.
+
+        Each is ``Episode.to_dict()`` plus ``attempt`` (0: first, k: k-th retry) and ``discarded`` (None for
+        an episode that is trained on; the attempt's reason, ``infrastructure: ...``, for one that was re-run).
+        """
+        kept = [
+            {**e.to_dict(), "attempt": attempt, "discarded": None}
+            for attempt, g in zip(self.attempts, self.groups, strict=True)
+            for e in g.episodes
+        ]
+        thrown = [
+            {**e.to_dict(), "attempt": d.attempt, "discarded": d.reason}
+            for d in self.discarded
+            for e in d.group.episodes
+        ]
+        return [*kept, *thrown]
+
+
 async def collect_groups(
     env: Environment,
     tasks: Sequence[Task],
@@ -36,12 +140,13 @@ async def collect_groups(
     namespace: str | None = None,
     on_group: Callable[[EpisodeGroup], None] | None = None,
     seed: int | None = None,
-) -> list[EpisodeGroup]:
+) -> Collection:
     """Run one group of `group_size` episodes per task, concurrently; retry groups hit by infra failures.
 
     A group is re-run (up to `max_retries` times, under a fresh episode-id namespace so stateful servers
-    start clean) when more than half of its episodes are invalid, so a transient server crash does not cost
-    the task's signal; the retry replaces the whole group so the group stays one draw from the current policy.
+    start clean) when more than half of its episodes are invalid (`needs_retry`), so a transient server crash
+    does not cost the task's signal; the retry replaces the whole group so the group stays one draw from the
+    current policy. The replaced attempt is kept in `Collection.discarded`.
 
     Args:
         on_group: Called with each group as it finishes (progress bars).
@@ -49,7 +154,7 @@ async def collect_groups(
             episode id, retries included); None: the sampler's own randomness.
 
     Returns:
-        One group per task, in task order.
+        One group per task, in task order, with the attempt each came from and the discarded attempts.
     """
     groups = await env.run_groups(
         tasks,
@@ -60,11 +165,22 @@ async def collect_groups(
         on_group=on_group,
         seed=seed,
     )
+    attempts = [0] * len(groups)
+    discarded: list[Discarded] = []
     for attempt in range(1, max_retries + 1):
-        bad = [i for i, g in enumerate(groups) if 2 * count_invalid(g) > len(g.episodes)]
+        bad = [i for i, g in enumerate(groups) if needs_retry(g)]
         if not bad:
             break
-        logger.warning("rollout_retry", attempt=attempt, groups=len(bad))
+        logger.warning(
+            "rollout_retry",
+            attempt=attempt,
+            groups=len(bad),
+            invalid_episodes=sum(count_invalid(groups[i]) for i in bad),
+            reasons=dict(Counter(e.stop_reason for i in bad for e in groups[i].episodes if not e.valid)),
+        )
+        discarded += [
+            Discarded(attempt=attempts[i], group=groups[i], reason=discard_reason(groups[i])) for i in bad
+        ]
         again = await env.run_groups(
             [tasks[i] for i in bad],
             sampler,
@@ -75,7 +191,8 @@ async def collect_groups(
         )
         for i, g in zip(bad, again, strict=True):
             groups[i] = g
-    return groups
+            attempts[i] = attempt
+    return Collection(groups=groups, attempts=attempts, discarded=discarded)
 
 
 async def collect_share(
@@ -89,11 +206,11 @@ async def collect_share(
     namespace: str,
     on_group: Callable[[EpisodeGroup], None] | None = None,
     seed: int | None = None,
-) -> tuple[list[EpisodeGroup], list[EpisodeGroup]]:
-    """`collect_groups` on this rank's share of ``tasks``; ``(this rank's groups, every rank's)`` (collective).
+) -> tuple[Collection, Collection]:
+    """`collect_groups` on this rank's share of ``tasks``; ``(this rank's collection, every rank's)`` (collective).
 
     Every rank takes the same tasks; a task's group never spans ranks, so its advantages need no
-    communication. In one process both lists are the same groups. ``seed`` does not depend on the rank: an
+    communication. In one process both are the same groups. ``seed`` does not depend on the rank: an
     episode's id and turn pick its samples, whatever the number of ranks.
     """
     mine = await collect_groups(
@@ -107,7 +224,7 @@ async def collect_share(
         on_group=on_group,
         seed=seed,
     )
-    return mine, [g for part in collectives.all_gather_objects(mine) for g in part]
+    return mine, Collection.concat(collectives.all_gather_objects(mine))
 
 
 def check_invalid_rate(groups: Sequence[EpisodeGroup], max_invalid_rate: float) -> float:

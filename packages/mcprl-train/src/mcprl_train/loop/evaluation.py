@@ -47,7 +47,7 @@ async def evaluate_tasks(
     """
     t0 = time.perf_counter()
     mine = collectives.shard(tasks, collectives.rank(), collectives.world_size())
-    groups = await collect_groups(
+    collection = await collect_groups(
         env,
         mine,
         sampler,
@@ -57,7 +57,7 @@ async def evaluate_tasks(
         namespace=namespace,
         on_group=on_group,
     )
-    parts = collectives.all_gather_objects((mine, groups))
+    parts = collectives.all_gather_objects((mine, collection.groups))
     every_task = [t for part_tasks, _ in parts for t in part_tasks]
     every_group = [g for _, part_groups in parts for g in part_groups]
     elapsed = time.perf_counter() - t0

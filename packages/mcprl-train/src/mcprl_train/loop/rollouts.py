@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mcprl_env import Environment, EpisodeGroup, Task, derive_seed
+from mcprl_env import Environment, Task, derive_seed
 from mcprl_policy import PolicySampler
 from mcprl_train import build, collectives
 from mcprl_train.config import Config
-from mcprl_train.loop.collection import collect_share
+from mcprl_train.loop.collection import Collection, collect_share
 from mcprl_train.loop.evaluation import evaluate_tasks
 from mcprl_train.loop.state import sampler_seed
 from mcprl_train.loop.update import UpdateBackend
@@ -75,8 +75,8 @@ class Rollouts:
 
     async def collect(
         self, tasks: Sequence[Task], step: int, *, round_: int
-    ) -> tuple[list[EpisodeGroup], list[EpisodeGroup]]:
-        """Run this rank's share of ``tasks``; returns ``(this rank's groups, every rank's groups)``."""
+    ) -> tuple[Collection, Collection]:
+        """Run this rank's share of ``tasks``; returns ``(this rank's collection, every rank's)``."""
         cfg = self.config
         label = f"collect step {step}" + (f" (back-fill {round_})" if round_ else "")
         self.progress.work(label, total=-(-len(tasks) // self.world))

@@ -17,14 +17,14 @@ from typing import Any
 import anyio
 import structlog
 
-from mcprl_env import Environment, EpisodeGroup, Task
+from mcprl_env import Environment, Task
 from mcprl_env.judge import judge_metrics
 from mcprl_policy import Policy, PolicySampler
 from mcprl_policy.decode import end_of_turn_ids
 from mcprl_train import build, collectives
 from mcprl_train.build import TaskData
 from mcprl_train.config import Config
-from mcprl_train.loop.collection import check_invalid_rate, rollout_metrics, tool_step_metrics
+from mcprl_train.loop.collection import Collection, check_invalid_rate, rollout_metrics, tool_step_metrics
 from mcprl_train.loop.learner import Learner, mean_over_ranks
 from mcprl_train.loop.rollouts import Rollouts
 from mcprl_train.loop.state import TrainState, seed_everything
@@ -255,7 +255,8 @@ class Trainer:
         self.rollouts.start_step(step)
         self.last_step_tasks = [t.id for t in tasks]
         self.emit("before_rollout")
-        mine, everyone = await self.rollouts.collect(tasks, step, round_=0)
+        mine, collected = await self.rollouts.collect(tasks, step, round_=0)
+        everyone = collected.groups
         invalid_rate = check_invalid_rate(everyone, cfg.run.max_invalid_rate)
         samples, adv = self.learner.prepare(everyone)
         rounds = 0
@@ -268,11 +269,12 @@ class Trainer:
             extra_tasks = self.stream.take(missing)
             self.last_step_tasks += [t.id for t in extra_tasks]
             extra_mine, extra_all = await self.rollouts.collect(extra_tasks, step, round_=rounds)
-            check_invalid_rate(extra_all, cfg.run.max_invalid_rate)
-            mine, everyone = [*mine, *extra_mine], [*everyone, *extra_all]
+            check_invalid_rate(extra_all.groups, cfg.run.max_invalid_rate)
+            mine, collected = mine + extra_mine, collected + extra_all
+            everyone = collected.groups
             samples, adv = self.learner.prepare(everyone)
-        if len(mine) != len(everyone):  # data-parallel: learn on this process's groups only
-            samples, _ = self.learner.prepare(mine)
+        if len(mine.groups) != len(everyone):  # data-parallel: learn on this process's groups only
+            samples, _ = self.learner.prepare(mine.groups)
         t_collect = time.perf_counter() - t0
         self.emit("after_rollout")
         self.state.position = self.stream.position
@@ -281,6 +283,7 @@ class Trainer:
         metrics.update(self.rollouts.sampler.metrics())
         metrics.update(adv)
         metrics["rollout/invalid_rate"] = invalid_rate
+        metrics.update(collected.retry_metrics())
         metrics["adv/backfill_rounds"] = float(rounds)
         t1 = time.perf_counter()
         self.progress.work_done()
@@ -295,7 +298,7 @@ class Trainer:
         metrics |= {"perf/collect_s": t_collect, "perf/learn_s": t_learn, "perf/step_s": elapsed}
         metrics |= {"perf/tokens_per_s": n_tokens / max(1e-9, elapsed), "time/elapsed_s": self.elapsed()}
         self.log_metrics("grpo", step, metrics)
-        self.write_trajectories(step, everyone)
+        self.write_trajectories(step, collected)
         self.emit("after_step")
         return metrics
 
@@ -334,9 +337,10 @@ class Trainer:
         self.history.append({"kind": kind, "step": step, **record})
         self.sinks.write_metrics(kind, step, record)
 
-    def write_trajectories(self, step: int, groups: list[EpisodeGroup]) -> None:
-        """Every episode of the step, one JSON line each (crash-safe, deduplicated by the run dir)."""
-        self.sinks.write_episodes(step, [e.to_dict() for g in groups for e in g.episodes])
+    def write_trajectories(self, step: int, collected: Collection) -> None:
+        """Every episode of the step, discarded attempts included, one JSON line each (crash-safe,
+        deduplicated by the run dir; `Collection.trajectory_records`)."""
+        self.sinks.write_episodes(step, collected.trajectory_records())
 
     # -- checkpoints -------------------------------------------------------------------------------------
 

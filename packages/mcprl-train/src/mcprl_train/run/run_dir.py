@@ -5,7 +5,8 @@ Layout::
     outputs/<run>/
       config.yaml           the resolved config (`Config.to_yaml`), rewritten atomically
       metrics.jsonl         one object per logged step: {"run", "kind", "step", "time", <metric keys>...}
-      trajectories.jsonl    one object per episode: {"run", "step", "episode_id", ...}
+      trajectories.jsonl    one object per episode: {"run", "step", "episode_id", ...} (the trainer's fields:
+                            `mcprl_train.loop.collection.Collection.trajectory_records`)
       summary.json          the run's summary (`RunDir.write_summary`), written atomically at the end
       training.log          the structlog JSON lines of the run (`mcprl_train.run.tracking.configure_logging`)
       plots/*.png           `mcprl_train.run.plots.write_plots`

@@ -6,7 +6,9 @@ The trainer calls each sink with what it produced, as it produces it:
   (``"grpo"``) and every validation (``"eval"``). ``record`` is a ``metrics.jsonl`` line without the fields
   the run directory adds: ``stage``, ``sft_step``, an optional ``tag`` (the validation's occasion: ``init``,
   ``warm_start``, ``periodic``, ``final``), then the metrics. SFT records carry GRPO step 0 as ``step``.
-- `MetricsSink.write_episodes` once per GRPO step with every episode of the step (``Episode.to_dict()``).
+- `MetricsSink.write_episodes` once per GRPO step with every episode of the step (``Episode.to_dict()`` plus
+  ``attempt`` and ``discarded``: `mcprl_train.loop.collection.Collection.trajectory_records`), the attempts
+  thrown away by a retry included.
 - `MetricsSink.write_summary` once at the end with the run's summary.
 
 Implementations: `mcprl_train.run.run_dir.RunDir` (the JSON-lines files and ``summary.json``),
