@@ -197,6 +197,7 @@ def test_a_stateful_server_killed_mid_step_mis_scores_no_episode(tmp_path: Path)
         "restarts": first["tools/step/messaging/restarts"],
         "invalid_after_retry": first["rollout/invalid_rate"],
         "stop_reasons": sorted({r["stop_reason"] for r in step_one if not r["valid"]}),
+        "discarded_reasons": sorted({r["discarded"] for r in discarded}),
         "mis_scored": len(mis_scored),
     }
     print("server_killed_mid_step", json.dumps(counts))

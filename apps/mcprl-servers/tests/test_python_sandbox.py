@@ -30,8 +30,8 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(
         os.geteuid() != 0,
-        reason="namespaces isolation needs root (README-python-sandbox.md); without root it fails closed, "
-        "as test_python_sandbox_isolation.py checks",
+        reason="these check the root path (throw-away uids, memory cgroups); the path without root is "
+        "test_python_sandbox_rootless.py",
     ),
 ]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ExpressionError", "FixtureError", "ServersError"]
+__all__ = ["ExpressionError", "FixtureError", "SandboxUnavailableError", "ServersError"]
 
 
 class ServersError(Exception):
@@ -15,3 +15,7 @@ class ExpressionError(ServersError, ValueError):
 
 class FixtureError(ServersError, RuntimeError):
     """A shipped data file (finance fixture, search corpus) is missing or does not match its generator."""
+
+
+class SandboxUnavailableError(ServersError, RuntimeError):
+    """The python server's isolation cannot be set up on this machine; the server refuses to start."""

@@ -21,10 +21,13 @@ import structlog
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from mcprl_servers.errors import SandboxUnavailableError
 from mcprl_servers.sandbox.config import SandboxConfig
-from mcprl_servers.sandbox.runner import RunOutcome, run_sandboxed
+from mcprl_servers.sandbox.runner import RunOutcome, rootless, run_sandboxed
 
-__all__ = ["build_server", "format_outcome", "main"]
+__all__ = ["build_server", "check_sandbox", "format_outcome", "main"]
+
+_PROBE = "print('sandbox ok')"
 
 _SIGNAL_REASONS = {
     signal.SIGXCPU: "CPU time limit exceeded",
@@ -154,6 +157,37 @@ def build_server(config: SandboxConfig | None = None) -> MCPServer:
     return server
 
 
+async def check_sandbox(config: SandboxConfig) -> str:
+    """Run a probe through the sandbox as a call would; what it printed.
+
+    Raises:
+        SandboxUnavailableError: Isolation cannot be set up here (or the probe did not print); the message
+            says why and what to change.
+    """
+    try:
+        outcome = await run_sandboxed(_PROBE, config)
+    except OSError as exc:
+        reason = str(exc)
+    else:
+        if outcome.status == "exited" and outcome.exit_code == 0 and outcome.stdout.strip() == b"sandbox ok":
+            return _text(outcome.stdout)
+        reason = outcome.setup_error or (
+            f"the probe ended {outcome.status} (exit {outcome.exit_code}): {_tail(_text(outcome.stderr), 500)}"
+        )
+    if config.isolation == "namespaces" and rootless():
+        fix = (
+            "without root, namespaces isolation needs unprivileged user namespaces (sysctl "
+            "user.max_user_namespaces > 0, and kernel.unprivileged_userns_clone=1 or "
+            "kernel.apparmor_restrict_unprivileged_userns=0 where the kernel has them); otherwise run the server "
+            "as root, or accept MCPRL_SANDBOX_ISOLATION=process (no network or filesystem isolation)"
+        )
+    else:
+        fix = "check that util-linux `unshare` works here, or accept MCPRL_SANDBOX_ISOLATION=process"
+    raise SandboxUnavailableError(
+        f"python sandbox unavailable ({config.isolation} isolation): {reason}; {fix}"
+    )
+
+
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="mcprl-server-python", description="Python sandbox MCP server (stdio). See also MCPRL_SANDBOX_*."
@@ -164,7 +198,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--processes", type=int, help="RLIMIT_NPROC of a call (default 32)")
     parser.add_argument("--max-concurrency", type=int, help="calls at once (default: CPU cores)")
     parser.add_argument("--isolation", choices=["namespaces", "process"], help="required isolation level")
-    parser.add_argument("--check", action="store_true", help="run a probe through the sandbox and exit")
+    parser.add_argument(
+        "--check", action="store_true", help="run the start-up probe through the sandbox and exit"
+    )
     return parser.parse_args(argv)
 
 
@@ -189,12 +225,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
     )
     config = SandboxConfig.from_env(**overrides)
+    # A sandbox that cannot be set up refuses here, at start-up, where the caller sees a failed server; every
+    # call would otherwise fail as a tool error, scored against the model.
+    try:
+        probe = anyio.run(check_sandbox, config)
+    except SandboxUnavailableError as exc:
+        sys.exit(f"refusing to start: {exc}")
     if args.check:
-        outcome = anyio.run(run_sandboxed, "print('sandbox ok')", config)
-        try:
-            print(format_outcome(outcome, config))
-        except ToolError as exc:
-            sys.exit(f"sandbox check failed: {exc}")
+        print(probe)
         return
     build_server(config).run()
 

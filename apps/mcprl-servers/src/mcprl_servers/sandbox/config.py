@@ -16,12 +16,28 @@ import attrs
 MemoryCgroup = Literal["auto", "required", "off"]
 """Whether each call gets a memory cgroup bounding all it holds (see ``SandboxConfig.memory_cgroup``)."""
 Isolation = Literal["namespaces", "process"]
-"""``namespaces``: PID, network, mount, IPC and UTS namespaces, read-only filesystem, throw-away uid
-(requires root or CAP_SYS_ADMIN). ``process``: own session, rlimits, empty environment, scratch dir and,
-as root, a throw-away uid — no network or filesystem isolation. Opt-in only."""
+"""``namespaces``: PID, network, mount, IPC and UTS namespaces, read-only filesystem; as root a throw-away uid,
+without root a new user namespace whose uid 0 the code keeps with no capability (the kernel must allow
+unprivileged user namespaces; the server refuses to start otherwise). ``process``: own session, rlimits, empty
+environment, scratch dir and, as root, a throw-away uid — no network or filesystem isolation. Opt-in only."""
 
 _MIB = 1024 * 1024
-DEFAULT_HIDDEN_PATHS = ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/run", "/mnt", "/media", "/srv")
+DEFAULT_HIDDEN_PATHS = (
+    "/root",
+    "/home",
+    "/tmp",
+    "/var/tmp",
+    "/dev/shm",
+    "/run",
+    "/var/run",
+    "/mnt",
+    "/media",
+    "/srv",
+    "/opt",
+)
+"""Hidden from model code by default: home directories, world-writable dirs and their sockets (``/tmp/.X11-unix``,
+``/run``, ``/var/run`` where it is no link to ``/run``), mounts and add-on trees; the Python installation the code
+runs on is bound back read-only wherever it lives (``/opt/python``, ``/root/.pyenv``)."""
 ENV_PREFIX = "MCPRL_SANDBOX_"
 _SYSTEM_PATHS = frozenset(
     {"/", "/bin", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/sbin", "/sys", "/usr"}

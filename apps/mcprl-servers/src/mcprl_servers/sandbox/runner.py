@@ -78,6 +78,15 @@ class _Capture:
     supervisor_pidfd: int | None = None
 
 
+def rootless() -> bool:
+    """The server runs without root: ``namespaces`` isolation then starts in a new user namespace.
+
+    The supervisor is root of that namespace only (mapped to the server's own uid), which is what it needs
+    to mount and to set the IPC limits; the model's process keeps uid 0 there but no capability at all.
+    """
+    return os.geteuid() != 0
+
+
 def _command(config: SandboxConfig, args: dict[str, Any]) -> list[str]:
     python = [os.path.realpath(sys.executable), "-I", "-S", "-B", str(_SUPERVISOR), json.dumps(args)]
     match config.isolation:
@@ -85,14 +94,16 @@ def _command(config: SandboxConfig, args: dict[str, Any]) -> list[str]:
             if config.unshare_path is None:
                 raise FileNotFoundError("the util-linux `unshare` binary was not found on PATH")
             flags = ["--pid", "--net", "--mount", "--ipc", "--uts", "--fork", "--kill-child"]
-            return [config.unshare_path, *flags, "--propagation", "private", "--", *python]
+            user = ["--user", "--map-root-user"] if args["rootless"] else []
+            return [config.unshare_path, *user, *flags, "--propagation", "private", "--", *python]
         case "process":
             return python
 
 
 def _throwaway_ids(config: SandboxConfig) -> tuple[int, int]:
-    if os.geteuid() != 0:
-        return os.getuid(), os.getgid()
+    if rootless():
+        # In a user namespace only root is mapped; as a plain process the uid is the server's own.
+        return (0, 0) if config.isolation == "namespaces" else (os.getuid(), os.getgid())
     low, high = config.uid_range
     uid = low + secrets.randbelow(high - low)
     return uid, uid
@@ -231,6 +242,7 @@ async def run_sandboxed(code: str, config: SandboxConfig) -> RunOutcome:
     args = {
         "cgroup_procs": None if cgroup is None else str(cgroup.procs),
         "mode": config.isolation,
+        "rootless": config.isolation == "namespaces" and rootless(),
         "status_fd": status_w,
         "host_mnt_ns": os.readlink("/proc/self/ns/mnt"),
         "uid": uid,

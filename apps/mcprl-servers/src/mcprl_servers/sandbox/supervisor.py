@@ -43,6 +43,23 @@ _MS_PRIVATE = 0x40000
 _MS_RELATIME = 0x200000
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_PDEATHSIG = 1
+_PR_CAPBSET_DROP = 24
+_PR_SET_SECUREBITS = 28
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+# SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP, SECBIT_KEEP_CAPS_LOCKED, SECBIT_NO_CAP_AMBIENT_RAISE, each locked
+# (capabilities(7)): uid 0 of the call's user namespace gains no capability back, not even through execve.
+_SECUREBITS = 0b11101111
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+_KEYCTL_SYSCALL = {
+    "x86_64": 250,
+    "aarch64": 219,
+    "riscv64": 219,
+    "loongarch64": 219,
+    "ppc64le": 311,
+    "s390x": 280,
+}
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
 _MOUNT_OPTION_FLAGS = {
     "nosuid": _MS_NOSUID,
@@ -179,8 +196,57 @@ def _set_limits(limits: dict[str, int]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def _drop_privileges(uid: int, gid: int) -> None:
-    if os.getuid() == 0:
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def _drop_capabilities() -> None:
+    """Keep uid 0 of the call's user namespace but no capability: the rootless model process.
+
+    Without a capability it can neither mount nor unmount nor change ids, and the bounding set and
+    securebits keep ``execve`` of anything from giving one back.
+    """
+    if _libc.prctl(_PR_SET_SECUREBITS, _SECUREBITS, 0, 0, 0) != 0:
+        raise SetupError(f"prctl(PR_SET_SECUREBITS): {os.strerror(ctypes.get_errno())}")
+    with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as fh:
+        last = int(fh.read())
+    for cap in range(last + 1):
+        if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise SetupError(f"prctl(PR_CAPBSET_DROP, {cap}): {os.strerror(ctypes.get_errno())}")
+    if _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+        raise SetupError(f"prctl(PR_CAP_AMBIENT_CLEAR_ALL): {os.strerror(ctypes.get_errno())}")
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        raise SetupError(f"capset: {os.strerror(ctypes.get_errno())}")
+    with open("/proc/self/status", encoding="ascii") as fh:
+        caps = {k: v.strip() for k, v in (line.split(":", 1) for line in fh) if k.startswith("Cap")}
+    if any(int(value, 16) for value in caps.values()):
+        raise SetupError(f"capabilities left after dropping them all: {caps}")
+
+
+def _join_new_session_keyring() -> None:
+    """A fresh anonymous session keyring: keys the code adds to ``@s`` die with the call instead of landing
+    in the uid's persistent user-session keyring."""
+    machine = os.uname().machine
+    if machine not in _KEYCTL_SYSCALL:
+        raise SetupError(f"no keyctl system call number known for {machine}")
+    if _libc.syscall(_KEYCTL_SYSCALL[machine], _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        raise SetupError(f"keyctl(KEYCTL_JOIN_SESSION_KEYRING): {os.strerror(ctypes.get_errno())}")
+
+
+def _drop_privileges(uid: int, gid: int, *, rootless: bool) -> None:
+    if rootless:
+        _drop_capabilities()
+    elif os.getuid() == 0:
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
@@ -191,6 +257,7 @@ def _drop_privileges(uid: int, gid: int) -> None:
     # Set after the uid change (which clears it): die with the supervisor.
     if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise SetupError("prctl(PR_SET_PDEATHSIG) failed")
+    _join_new_session_keyring()
 
 
 def _run_model_code(code: bytes, args: dict[str, Any], setup_fd: int) -> None:
@@ -213,7 +280,7 @@ def _run_model_code(code: bytes, args: dict[str, Any], setup_fd: int) -> None:
         if args["cgroup_procs"] is not None:
             _oom_score_adj(1000)
         _set_limits(args["limits"])
-        _drop_privileges(args["uid"], args["gid"])
+        _drop_privileges(args["uid"], args["gid"], rootless=args["rootless"])
         if os.getppid() != supervisor:
             raise SetupError("the supervisor died")
     except BaseException as exc:
