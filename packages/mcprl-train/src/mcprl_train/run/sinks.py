@@ -72,7 +72,8 @@ class SinkGroup:
 class ConsoleSink:
     """One structlog line per GRPO step, per validation, about every twentieth SFT step, and at the end.
 
-    Events: ``grpo_step`` (reward, success rate, KL, tool errors, zero-std groups, clip fraction, timing),
+    Events: ``grpo_step`` (reward, success rate, KL, tool errors, invalid rate after and before the retries,
+    groups re-run, zero-std groups, clip fraction, timing),
     ``sft_step`` (loss, token accuracy), ``validation`` (success, reward, turns, tool errors, tasks) and
     ``run_finished`` (the summary's non-null fields).
 
@@ -116,6 +117,9 @@ class ConsoleSink:
             success=round(_num(m, "rollout/success_rate"), 3),
             kl=round(_num(m, "loss/kl"), 4),
             tool_errors=round(_num(m, "tools/error_rate"), 3),
+            invalid=round(_num(m, "rollout/invalid_rate"), 3),
+            invalid_pre_retry=round(_num(m, "rollout/pre_retry/invalid_rate"), 3),
+            retried_groups=int(_num(m, "rollout/retried_groups")),
             zero_std=round(_num(m, "adv/zero_std_frac"), 2),
             clip=round(_num(m, "ratio/clip_frac"), 3),
             step_s=round(_num(m, "perf/step_s"), 1),
