@@ -204,7 +204,3 @@ def test_a_stateful_server_killed_mid_step_mis_scores_no_episode(tmp_path: Path)
     assert not mis_scored, counts
     invalid = [r for r in step_one if not r["valid"]]
     assert {r["stop_reason"] for r in invalid} <= {"server_restarted", "infra_error"}, counts
-    # The episodes that used the killed process and were still running are out of the training data.
-    cut_short = {e for e in touched_killed if generations[e] != {killed_generation}}
-    assert cut_short, counts
-    assert not [r for r in step_one if r["episode_id"] in cut_short and r["valid"]], counts
