@@ -177,7 +177,7 @@ def test_a_server_that_cannot_make_a_user_namespace_refuses_to_start(tmp_path: P
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="throw-away uids exist only when the server runs as root")
-def test_keys_a_call_adds_do_not_outlive_it() -> None:
+def test_keys_a_call_adds_to_any_keyring_do_not_outlive_it() -> None:
     code = """
 import ctypes, os, platform
 nr = {"x86_64": (250, 248), "aarch64": (219, 217)}[platform.machine()]
@@ -186,13 +186,14 @@ buf = ctypes.create_string_buffer(256)
 libc.syscall(nr[0], 6, -3, buf, 256)  # KEYCTL_DESCRIBE of the session keyring
 print(os.getuid(), buf.value.decode().rsplit(";", 1)[1])
 print(libc.syscall(nr[1], b"user", b"canary", b"secret", 6, -3) > 0)  # add_key to @s
+print(libc.syscall(nr[1], b"user", b"canary", b"secret", 6, -4) > 0)  # and to the uid's own keyring @u
 """
     config = SandboxConfig(deadline_s=10.0)
     outcome = anyio.run(run_sandboxed, code, config)
     assert (outcome.status, outcome.exit_code) == ("exited", 0), outcome
-    first, added = outcome.stdout.decode().splitlines()
+    first, *added = outcome.stdout.decode().splitlines()
     uid, session = first.split()
-    assert (session, added) == ("_ses", "True")  # a fresh keyring, not the uid's persistent _uid_ses.<uid>
+    assert (session, added) == ("_ses", ["True", "True"])  # a fresh keyring, not the uid's _uid_ses.<uid>
     deadline = time.monotonic() + 10
     while f"{uid}:" in Path("/proc/key-users").read_text() and time.monotonic() < deadline:
         time.sleep(0.05)  # the kernel frees an unreferenced keyring from a work queue: nothing to wait on

@@ -323,5 +323,7 @@ async def run_sandboxed(code: str, config: SandboxConfig) -> RunOutcome:
                 oom_killed = cgroup.oom_kills() > 0
                 await anyio.to_thread.run_sync(cgroup.remove)
     outcome = _outcome(capture, timed_out, time.monotonic() - start, oom_killed)
+    if any(e["event"] == "exited" and e.get("keyrings_swept") is False for e in capture.events):
+        _log.warning("sandbox_keyrings_not_swept", uid=uid)
     _log.debug("sandbox_finished", status=outcome.status, exit_code=outcome.exit_code, wall_s=outcome.wall_s)
     return outcome

@@ -51,7 +51,12 @@ _PR_CAP_AMBIENT_CLEAR_ALL = 4
 # (capabilities(7)): uid 0 of the call's user namespace gains no capability back, not even through execve.
 _SECUREBITS = 0b11101111
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_KEYCTL_GET_KEYRING_ID = 0
 _KEYCTL_JOIN_SESSION_KEYRING = 1
+_KEYCTL_CLEAR = 7
+_KEYCTL_INVALIDATE = 21
+_KEY_SPEC_USER_KEYRING = -4
+_KEY_SPEC_USER_SESSION_KEYRING = -5
 _KEYCTL_SYSCALL = {
     "x86_64": 250,
     "aarch64": 219,
@@ -233,13 +238,51 @@ def _drop_capabilities() -> None:
         raise SetupError(f"capabilities left after dropping them all: {caps}")
 
 
-def _join_new_session_keyring() -> None:
-    """A fresh anonymous session keyring: keys the code adds to ``@s`` die with the call instead of landing
-    in the uid's persistent user-session keyring."""
+def _keyctl(*args: int) -> int:
     machine = os.uname().machine
     if machine not in _KEYCTL_SYSCALL:
         raise SetupError(f"no keyctl system call number known for {machine}")
-    if _libc.syscall(_KEYCTL_SYSCALL[machine], _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+    return _libc.syscall(_KEYCTL_SYSCALL[machine], *args)
+
+
+def _sweep_keyrings(uid: int, gid: int) -> bool:
+    """Empty and invalidate the throw-away uid's user and user-session keyrings; True when done.
+
+    They live in the kernel for as long as the uid's user namespace (the host's) does, whatever the call
+    put in them. Every other process of the call is killed first, so none adds a key after the sweep. Both
+    ids are looked up before either is invalidated: looking one up re-creates a missing or invalid other.
+    """
+    if os.getpid() != 1:
+        raise SetupError("the keyring sweep kills every process of its PID namespace: not PID 1 of one")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(-1, signal.SIGKILL)  # PID 1 of its namespace: every process of the call but this one
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            os.waitpid(-1, 0)
+    pid = os.fork()
+    if pid == 0:
+        done = False
+        with contextlib.suppress(BaseException):
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            rings = [
+                _keyctl(_KEYCTL_GET_KEYRING_ID, spec, 0)
+                for spec in (_KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING)
+            ]
+            done = all(
+                r > 0 and _keyctl(_KEYCTL_CLEAR, r) == 0 and _keyctl(_KEYCTL_INVALIDATE, r) == 0
+                for r in rings
+            )
+        os._exit(0 if done else 1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def _join_new_session_keyring() -> None:
+    """A fresh anonymous session keyring: keys the code adds to ``@s`` die with the call instead of landing
+    in the uid's persistent user-session keyring."""
+    if _keyctl(_KEYCTL_JOIN_SESSION_KEYRING, 0) < 0:
         raise SetupError(f"keyctl(KEYCTL_JOIN_SESSION_KEYRING): {os.strerror(ctypes.get_errno())}")
 
 
@@ -365,7 +408,11 @@ def main() -> None:
             break
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     exit_code = os.waitstatus_to_exitcode(wait_status)
-    _report(status_fd, {"event": "exited", "exit_code": exit_code, "peak_rss_kib": peak_kib})
+    event: dict[str, Any] = {"event": "exited", "exit_code": exit_code, "peak_rss_kib": peak_kib}
+    if args["mode"] == "namespaces" and not args["rootless"]:
+        # Without root the call's own user namespace holds its keyrings, and they go with it.
+        event["keyrings_swept"] = _sweep_keyrings(args["uid"], args["gid"])
+    _report(status_fd, event)
     os._exit(0)
 
 
