@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
@@ -251,7 +251,7 @@ def _wandb_id(run_dir: RunDir) -> str:
 
 
 @contextmanager
-def _argv_redacted(secrets: frozenset[str]) -> Iterator[None]:
+def _argv_redacted(secrets: frozenset[str]) -> Generator[None]:
     """``sys.argv`` with every secret replaced by `REDACTED` while wandb reads it.
 
     wandb records the command line (``args`` in ``wandb-metadata.json``, synced to the server); a secret given
