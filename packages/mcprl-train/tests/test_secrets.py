@@ -8,6 +8,9 @@ with ``***``.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -17,6 +20,7 @@ import structlog
 import yaml
 
 from mcprl_servers.config import default_servers_config
+from mcprl_tools.config import REDACTED
 from mcprl_train.cli import main
 
 pytestmark = pytest.mark.slow
@@ -80,3 +84,32 @@ def test_a_literal_env_secret_is_in_no_file_log_or_console_and_resume_asks_for_i
     assert _files_holding(run, CANARY) == []
     out, err = capfd.readouterr()
     assert CANARY not in out + err
+
+
+def test_a_secret_given_on_the_command_line_is_not_in_wandbs_metadata(tmp_path: Path) -> None:
+    """wandb stores the process's command line: run the CLI as a process, the secret given with ``--set``.
+
+    The in-process test above cannot see this: there ``sys.argv`` is pytest's.
+    """
+    finance = cast(dict[str, dict[str, object]], default_servers_config(["finance"])["mcpServers"])["finance"]
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump({"tools": {"mcp_servers": {"finance": {**finance, "env": {"API_KEY": "x"}}}}})
+    )
+    runs = tmp_path / "runs"
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    env.pop("WANDB_MODE", None)
+    args = [
+        sys.executable, "-m", "mcprl_train", "train", "--config", str(config), "--run-name", "r",
+        "--set", f"run.output_dir={runs}",
+        "--set", f"tools.mcp_servers.finance.env.API_KEY={CANARY}",
+        "--set", "run.steps=0", "--set", "sft.enabled=false", "--set", "eval.every=0",
+        "--set", "tracking.wandb=offline", "--set", "tracking.progress=false",
+    ]  # fmt: skip
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # Offline, the command line is a record of the run's .wandb file (online: wandb-metadata.json's "args").
+    recorded = f"tools.mcp_servers.finance.env.API_KEY={REDACTED}"
+    assert _files_holding(runs / "r" / "wandb", recorded), "wandb did not record the command line"
+    assert _files_holding(runs / "r", CANARY) == []
+    assert CANARY not in done.stdout + done.stderr

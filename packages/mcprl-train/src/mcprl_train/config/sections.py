@@ -113,6 +113,24 @@ class InlineServers:
 
     servers: dict[str, Any]
 
+    def literal_secrets(self) -> frozenset[str]:
+        """Every value written literally in a server's ``env``/``headers`` that `redacted` hides."""
+        from mcprl_tools.config import is_literal_secret
+
+        found: set[str] = set()
+        for server in self.servers.values():
+            if not isinstance(server, dict):
+                continue
+            for key in ("env", "headers"):
+                values = cast(dict[str, Any], server).get(key)
+                if isinstance(values, dict):
+                    found.update(
+                        value
+                        for value in cast(dict[str, Any], values).values()
+                        if isinstance(value, str) and is_literal_secret(value)
+                    )
+        return frozenset(found)
+
     def redacted(self) -> dict[str, Any]:
         """`servers` with each literal secret in ``env``/``headers`` replaced by ``***``."""
         from mcprl_tools.config import redact_mapping

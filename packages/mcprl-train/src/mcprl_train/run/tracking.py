@@ -18,13 +18,15 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 import structlog
 
-from mcprl_train.config import Config
+from mcprl_tools.config import REDACTED
+from mcprl_train.config import Config, InlineServers
 from mcprl_train.errors import TrackingError
 from mcprl_train.run.run_dir import RunDir
 
@@ -164,16 +166,21 @@ class Tracker:
             logger.info("wandb_unavailable", hint=_WANDB_HINT)
             self.wandb_mode = "disabled"
             return
-        self._wandb_run = wandb.init(
-            project=self.config.tracking.project,
-            name=self.run_dir.name,
-            id=_wandb_id(self.run_dir),
-            resume="allow",
-            dir=str(self.run_dir.path),
-            config=self.config.to_dict(redact=True),
-            mode=self.wandb_mode,
-        )
+        with _argv_redacted(self._literal_secrets()):
+            self._wandb_run = wandb.init(
+                project=self.config.tracking.project,
+                name=self.run_dir.name,
+                id=_wandb_id(self.run_dir),
+                resume="allow",
+                dir=str(self.run_dir.path),
+                config=self.config.to_dict(redact=True),
+                mode=self.wandb_mode,
+            )
         logger.info("wandb_started", mode=self.wandb_mode, dir=str(self.run_dir.path / "wandb"))
+
+    def _literal_secrets(self) -> frozenset[str]:
+        source = self.config.tools.source
+        return source.literal_secrets() if isinstance(source, InlineServers) else frozenset()
 
     def _start_weave(self) -> None:
         try:
@@ -241,3 +248,26 @@ def _wandb_id(run_dir: RunDir) -> str:
     import hashlib
 
     return hashlib.sha256(str(run_dir.path.resolve()).encode()).hexdigest()[:16]
+
+
+@contextmanager
+def _argv_redacted(secrets: frozenset[str]) -> Generator[None]:
+    """``sys.argv`` with every secret replaced by `REDACTED` while wandb reads it.
+
+    wandb records the command line (``args`` in ``wandb-metadata.json``, synced to the server); a secret given
+    as ``--set tools.mcp_servers.NAME.env.KEY=VALUE`` would otherwise be stored there in clear.
+    """
+    saved = sys.argv
+    if secrets:
+        ordered = sorted(secrets, key=len, reverse=True)
+
+        def hide(arg: str) -> str:
+            for secret in ordered:
+                arg = arg.replace(secret, REDACTED)
+            return arg
+
+        sys.argv = [hide(arg) for arg in saved]
+    try:
+        yield
+    finally:
+        sys.argv = saved
