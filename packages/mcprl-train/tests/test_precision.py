@@ -176,6 +176,28 @@ def test_sampler_learner_mismatch_stays_small_under_bf16_mixed() -> None:
     assert metrics["mismatch/tis_capped_frac"] == 0.0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_bf16_mixed_learner_step_on_cuda_keeps_fp32_weights_and_a_small_mismatch() -> None:
+    manual_seed(0)
+    policy = Policy.from_pretrained("tiny", value_head=False, dtype="bfloat16", device="cuda")
+    assert policy.device.type == "cuda"
+    assert {p.dtype for p in policy.trainable_parameters()} == {torch.float32}
+    groups = sampled_groups(policy)
+    kept, metrics = one_update(
+        policy,
+        groups,
+        "model.dtype=bfloat16",
+        "model.device=cuda",
+        "optim.lr=5e-6",
+        "grpo.old_logprobs=recompute",
+    )
+    assert kept > 0.95
+    assert metrics["mismatch/logprob_abs_diff_mean"] < 5e-3
+    for p in policy.trainable_parameters():
+        assert p.dtype == torch.float32
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
