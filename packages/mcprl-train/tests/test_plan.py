@@ -20,6 +20,8 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
+from mcprl_policy.config import Precision
+from mcprl_policy.loading import torch_dtype
 from mcprl_train.commands.architectures import KNOWN_ARCHITECTURES
 from mcprl_train.commands.memory import layer_activation_bytes
 from mcprl_train.commands.plan import ModelShape, load_model_shape, plan_memory, render_plan
@@ -53,7 +55,7 @@ PUBLISHED_PARAMS = {
 }
 
 
-UPDATE_ROWS = {"activations", "logits chunk", "zero3 gathered params"}
+UPDATE_ROWS = {"activations", "logits chunk", "zero3 gathered params", "autocast weight copies"}
 
 
 def readme_peak(config: Config, rows: dict[str, float]) -> float:
@@ -72,6 +74,9 @@ def readme_estimate(config: Config, arch: tuple[int, int, int, int, int, int, in
     q, k = heads * d, kv_heads * d
     w = 4 if config.model.dtype == "float32" else 2
     ds = config.distributed
+    mixed = w == 2 and config.model.master_weights and ds.backend == "none"
+    m = 4 if mixed else w  # the trainables' bytes: fp32 master weights under bf16-mixed
+    s = 4 if mixed and config.lora is None else w  # the residual stream: fp32 in a bf16-mixed full fine-tune
     n = ds.num_gpus if ds.backend == "deepspeed" else 1
     z = ds.zero_stage if ds.backend == "deepspeed" else 0
     p_lin = h * q + 2 * h * k + q * h + 3 * h * i
@@ -85,36 +90,35 @@ def readme_estimate(config: Config, arch: tuple[int, int, int, int, int, int, in
     if config.quantization is not None:
         weights = big_l * p_lin * (0.5 + 1 / 64 + 4 / (64 * 256)) + (p - big_l * p_lin) * w
     else:
-        weights = p * w
+        weights = p * (w if lora is not None else m)
     rows["weights"] = weights / n if z == 3 else weights
     if z == 3:
         rows["zero3 gathered params"] = (max(p_layer, v * h) + 5e7) * w
     if lora is not None:
-        rows["lora adapters (fp32)"] = 4 * t
-    rows["gradients"] = (4 * t if lora else t * w) / (n if z >= 2 else 1)
-    if lora is not None:
-        opt = 8 * t
-    elif ds.backend == "deepspeed" and ds.bf16:
-        opt = 12 * t
-    else:
-        opt = 2 * w * t
+        rows["lora adapters"] = m * t
+    rows["gradients"] = m * t / (n if z >= 2 else 1)
+    opt = 12 * t if ds.backend == "deepspeed" and ds.bf16 else 2 * m * t
+    if mixed:
+        rows["autocast weight copies"] = (t if lora is not None else big_l * p_lin + v * h) * w
     rows["optimizer states"] = opt / (n if z >= 1 else 1)
     if ds.backend == "deepspeed":
         rows["sampling replica"] = weights + (4 * t if lora else 0)
     if lora is None and config.grpo.kl_coef > 0:
         rows["reference policy"] = p * w
-    s = config.optim.micro_batch_tokens
     a = 2 * (4 * h + 4) + w * (2 * q + 2 * k) + 4 * heads + 3 * w * i + 4 * (q + k) + 4 * (heads + kv_heads)
     if lora is None:
-        a += 4 * w * h + w * i + w * (q + k)
+        a += 2 * s * h + (2 if s == w else 5) * w * h + w * i + w * (q + k)
     else:
-        mask = 0 if lora.dropout == 0 else 1 if config.model.device == "cuda" else 4
-        a += sum(ins.values()) * (4 + mask) + 7 * 4 * lora.r
-    a0 = 8 + 2 * d * w + 4 * h + 4 + 2 * w * h
+        mask = 0 if lora.dropout == 0 else 1 if config.model.device == "cuda" else m
+        # Without dropout or autocast's cast, q/k/v and gate/up read one input each, o_proj the attention output.
+        inputs = 2 * h + i if lora.dropout == 0 and not mixed else sum(ins.values())
+        a += inputs * (w + mask) + 7 * w * lora.r
+    a0 = 8 + 2 * d * s + 4 * h + 4 + s * h + w * h
+    tokens = config.optim.micro_batch_tokens
     if config.model.gradient_checkpointing:
-        rows["activations"] = s * (big_l * h * w + a + a0)
+        rows["activations"] = tokens * (big_l * h * s + a + a0)
     else:
-        rows["activations"] = s * (big_l * a + a0)
+        rows["activations"] = tokens * (big_l * a + a0)
     rows["logits chunk"] = config.optim.logits_chunk_size * v * 4 * 3
     if config.sampler.backend == "hf":
         rows["sampler kv cache"] = (
@@ -259,7 +263,7 @@ def test_lora_on_a_bf16_base_equals_the_measured_bytes(tmp_path: Path) -> None:
     adapters = [p for p in model.parameters() if p.requires_grad]
     assert {p.dtype for p in adapters} == {torch.float32}
     assert rows["weights"] == sum(p.numel() * p.element_size() for p in frozen)
-    assert rows["lora adapters (fp32)"] == sum(p.numel() * p.element_size() for p in adapters)
+    assert rows["lora adapters"] == sum(p.numel() * p.element_size() for p in adapters)
     assert rows["gradients"] == sum(
         p.grad.numel() * p.grad.element_size() for p in adapters if p.grad is not None
     )
@@ -267,7 +271,7 @@ def test_lora_on_a_bf16_base_equals_the_measured_bytes(tmp_path: Path) -> None:
     assert "reference policy" not in rows  # the adapters-off view is the reference
 
 
-def _saved_bytes_per_token(model: torch.nn.Module, seq: int) -> float:
+def _saved_bytes(model: torch.nn.Module, seq: int, *, mixed: bool) -> int:
     """Bytes autograd keeps for backward (parameters excluded, shared storages once) over ``seq`` tokens."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
@@ -279,42 +283,75 @@ def _saved_bytes_per_token(model: torch.nn.Module, seq: int) -> float:
         return t
 
     ids = torch.randint(0, 100, (1, seq))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed),
+    ):
         out = model(input_ids=ids).logits
     assert out.requires_grad
-    return sum(saved.values()) / seq
+    return sum(saved.values())
 
 
-def _with_lora(model: torch.nn.Module, dropout: float | None) -> torch.nn.Module:
+def _model_as_trained(layers: int, precision: Precision, dropout: float | None) -> torch.nn.Module:
+    """The tiny Qwen3 stored as `mcprl_policy.Policy.from_pretrained` stores it under ``precision``."""
     from mcprl_policy.config import LoraSettings
     from mcprl_policy.lora import apply_lora
+    from mcprl_policy.precision import cast_trainable
 
-    return model if dropout is None else apply_lora(model, LoraSettings(r=8, alpha=16, dropout=dropout))
+    model = _build(_small_qwen3(layers=layers))
+    if dropout is None:
+        cast_trainable(model, precision)
+        return model
+    model = apply_lora(model.to(torch_dtype(precision.dtype)), LoraSettings(r=8, alpha=16, dropout=dropout))
+    cast_trainable(model, precision)
+    return model
 
 
 @pytest.mark.parametrize(
-    ("dtype", "lora_dropout"),
-    [("float32", None), ("bfloat16", None), ("bfloat16", 0.0), ("bfloat16", 0.05)],
+    ("dtype", "master_weights", "lora_dropout"),
+    [
+        ("float32", True, None),
+        ("float32", True, 0.0),
+        ("float32", True, 0.05),
+        ("bfloat16", False, None),
+        ("bfloat16", False, 0.0),
+        ("bfloat16", False, 0.05),
+        ("bfloat16", True, None),
+        ("bfloat16", True, 0.0),
+        ("bfloat16", True, 0.05),
+    ],
 )
-def test_one_layers_saved_activations_equal_the_formula(
-    tmp_path: Path, dtype: Literal["float32", "bfloat16"], lora_dropout: float | None
+def test_one_layers_saved_activations_and_autocast_copies_equal_the_formulas(
+    tmp_path: Path, dtype: Literal["float32", "bfloat16"], master_weights: bool, lora_dropout: float | None
 ) -> None:
-    """A real Qwen3 forward on CPU (SDPA): what one more layer adds to autograd's saved tensors, per token."""
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    overrides = [f"model.dtype={dtype}"]
+    """A real Qwen3 forward on CPU (SDPA, under autocast for bf16-mixed): what one more layer adds to autograd's
+    saved tensors — per token (the activations), and once (autocast's bf16 copies of the trained weights)."""
+    precision = Precision(dtype=dtype, master_weights=master_weights)
+    overrides = [f"model.dtype={dtype}", f"model.master_weights={str(master_weights).lower()}"]
     if lora_dropout is not None:
         overrides += ["lora.r=8", "lora.alpha=16", f"lora.dropout={lora_dropout}"]
     config = Config.load(profile="cpu", overrides=overrides)
-    per_layer: list[float] = []
+    per_token: list[float] = []
+    once: list[float] = []
     for layers in (1, 2):
-        model = _with_lora(_build(_small_qwen3(layers=layers)).to(torch_dtype), lora_dropout)
+        model = _model_as_trained(layers, precision, lora_dropout)
         model.train()
-        by_length = [_saved_bytes_per_token(model, seq) for seq in (64, 128)]
-        assert by_length[0] == by_length[1]  # linear in the sequence: no s² attention scores kept
-        per_layer.append(by_length[0])
+        short, long, longer = (_saved_bytes(model, n, mixed=precision.mixed) for n in (64, 128, 192))
+        assert longer - long == long - short  # linear in the sequence: no s² attention scores kept
+        per_token.append((long - short) / 64)
+        once.append(short - 64 * per_token[-1])
     shape = load_model_shape(_save(_small_qwen3(), tmp_path / "m"))
     w = 4 if dtype == "float32" else 2
-    assert per_layer[1] - per_layer[0] == layer_activation_bytes(config, shape, w, device="cpu")
+    assert per_token[1] - per_token[0] == layer_activation_bytes(config, shape, w, device="cpu")
+    copies = plan_memory(config, shape).bytes_of().get("autocast weight copies", 0)
+    trained_per_layer = (
+        shape.lora_params(8) // shape.num_layers if lora_dropout is not None else shape.layer_linear_params
+    )
+    assert once[1] - once[0] == (trained_per_layer * w if precision.mixed else 0)
+    if precision.mixed:
+        assert copies == shape.num_layers * trained_per_layer * w + (
+            0 if lora_dropout is not None else shape.embedding_params * w
+        )
 
 
 _DEEPSPEED_STATE = """

@@ -1,7 +1,7 @@
 """Policy with a value head: HF and vLLM samplers, LoRA, 4-bit, reference policy.
 
 The package imports lazily (PEP 562): ``import mcprl_policy``, its config (`LoraSettings`, `SamplingParams`,
-`DType`, `Quantization`), `Completion`, the `PolicySampler` protocol and the errors load neither torch nor
+`DType`, `Precision`, `Quantization`), `Completion`, the `PolicySampler` protocol and the errors load neither torch nor
 transformers; the model-side names (`Policy`, `HFSampler`, ...) are imported from their modules on first access.
 """
 
@@ -9,7 +9,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from mcprl_policy.completion import Completion, FinishReason
-from mcprl_policy.config import DType, LoraSettings, Quantization, SamplingParams
+from mcprl_policy.config import DType, LoraSettings, Precision, PrecisionName, Quantization, SamplingParams
 from mcprl_policy.errors import MissingExtraError, ModelLoadError, PolicyError, SamplerError
 from mcprl_policy.sampler import PolicySampler
 
@@ -37,6 +37,8 @@ __all__ = [
     "Policy",
     "PolicyError",
     "PolicySampler",
+    "Precision",
+    "PrecisionName",
     "Quantization",
     "ReferencePolicy",
     "SamplerError",

@@ -7,10 +7,11 @@ from typing import Literal
 import attrs
 from attrs import validators as v
 
-__all__ = ["DType", "LoraSettings", "Quantization", "SamplingParams"]
+__all__ = ["DType", "LoraSettings", "Precision", "PrecisionName", "Quantization", "SamplingParams"]
 
 DType = Literal["float32", "bfloat16", "float16"]
 Quantization = Literal["nf4", "fp4"]
+PrecisionName = Literal["fp32", "bf16-mixed", "bf16-true"]
 
 
 def _unit_interval(_: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -71,3 +72,56 @@ class SamplingParams:
     def logprob_temperature(self) -> float:
         """The temperature at which sampling logprobs are reported (1 for greedy)."""
         return 1.0 if self.greedy else self.temperature
+
+
+@attrs.frozen(kw_only=True)
+class Precision:
+    """How a policy trains in a low-precision dtype: the compute dtype and whether trainables keep fp32.
+
+    ``dtype`` is the compute dtype: what the forward's matrix products run in (under ``torch.autocast``) and
+    what frozen weights are stored in (a LoRA base, the reference copy, a 4-bit base's compute dtype, the
+    sampling replica, vLLM's weights). ``master_weights`` keeps the trainable parameters, their gradients and
+    AdamW's moments in float32 (Micikevicius et al. 2018, "Mixed Precision Training", §3.1): an update of
+    ``lr·m/√v`` ≈ 5e-6 is below half a bf16 ulp of any weight above ~2.6e-3 in magnitude, so AdamW applied to
+    bf16 parameters in place leaves most of them unchanged.
+
+    The two fields rather than one Lightning-style ``precision`` string, because ``dtype`` is already what
+    export, vLLM, quantization and ``plan`` read as "the model's dtype"; the Lightning names map one to one
+    (`name`): ``float32`` → ``fp32``; ``bfloat16`` → ``bf16-mixed`` (default) or, with
+    ``master_weights=False``, ``bf16-true`` (everything in bf16, for memory at the cost of lost updates).
+
+    Raises:
+        ValueError: ``float16``: fp16 training needs dynamic loss scaling (a ``GradScaler``), which mcprl does
+            not implement; bf16 has fp32's exponent range and needs none.
+    """
+
+    dtype: DType = "float32"
+    master_weights: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.dtype == "float16":
+            raise ValueError(
+                "dtype float16: fp16 training needs dynamic loss scaling (a GradScaler), which mcprl does not "
+                "implement; use bfloat16 (CUDA compute capability >= 8.0, or CPU) or float32"
+            )
+
+    @property
+    def name(self) -> PrecisionName:
+        """The Lightning name of this precision: ``fp32``, ``bf16-mixed`` or ``bf16-true``."""
+        match self.dtype:
+            case "float32":
+                return "fp32"
+            case "bfloat16":
+                return "bf16-mixed" if self.master_weights else "bf16-true"
+            case "float16":
+                raise AssertionError("refused in __attrs_post_init__")
+
+    @property
+    def mixed(self) -> bool:
+        """Whether forwards run under autocast over float32 trainable parameters."""
+        return self.name == "bf16-mixed"
+
+    @property
+    def param_dtype(self) -> DType:
+        """The dtype of trainable parameters (and so of their gradients and optimizer state)."""
+        return "float32" if self.mixed else self.dtype

@@ -141,7 +141,7 @@ class HFSampler:
         await self._batcher.gather(len(self.engine.pending), busy=bool(self.engine.active))
         while not own.finished:
             try:
-                finished = await anyio.to_thread.run_sync(self.engine.run_until_finished)
+                finished = await anyio.to_thread.run_sync(self._run_engine)
             except Exception as exc:
                 _log.error("sampler_generation_failed", error=repr(exc))
                 finished = self.engine.fail_all(SamplerError(f"generation failed: {exc!r}"))
@@ -149,6 +149,11 @@ class HFSampler:
                 self._wake(request)
             if not finished and not own.finished:
                 raise SamplerError("the decode engine went idle before this request finished")
+
+    def _run_engine(self) -> list[DecodeRequest]:
+        # Autocast is thread-local: entered in the worker thread that runs the forwards.
+        with self.policy.autocast():
+            return self.engine.run_until_finished()
 
     def _wake(self, request: DecodeRequest) -> None:
         waiter = self._waiters.get(id(request))

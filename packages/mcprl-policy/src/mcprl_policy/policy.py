@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Final
 
@@ -12,11 +13,12 @@ import structlog
 import torch
 from torch import nn
 
-from mcprl_policy.config import DType, LoraSettings, Quantization
+from mcprl_policy.config import DType, LoraSettings, Precision, Quantization
 from mcprl_policy.errors import ModelLoadError, PolicyError
 from mcprl_policy.loading import load_model, load_tokenizer, resolve_model_path
 from mcprl_policy.lora import apply_lora
 from mcprl_policy.packed import PackedForward, packed_forward
+from mcprl_policy.precision import autocast, cast_trainable, check_device
 from mcprl_policy.value_head import VALUE_HEAD_FILE, ValueHead
 from mcprl_policy.vocab import vocab_limit
 
@@ -33,7 +35,7 @@ class Policy:
     Build with `Policy.from_pretrained`. Attributes: ``model`` (a transformers model, or a peft model when
     LoRA is on), ``tokenizer``, ``value_head`` (`ValueHead` or ``None``), ``lora`` (`LoraSettings` or
     ``None``), ``quantization``, ``base_model`` (the directory or hub id the base weights came from),
-    `logits_chunk_size` and `vocab_limit`.
+    ``precision`` (`Precision`: the forwards run under `autocast`), `logits_chunk_size` and `vocab_limit`.
 
     Raises:
         ModelLoadError: the tokenizer has ids that the model's embedding cannot hold.
@@ -48,6 +50,7 @@ class Policy:
         base_model: str,
         lora: LoraSettings | None = None,
         quantization: Quantization | None = None,
+        precision: Precision | None = None,
         logits_chunk_size: int = 1024,
     ) -> None:
         self.model = model
@@ -56,6 +59,7 @@ class Policy:
         self.base_model = base_model
         self.lora = lora
         self.quantization = quantization
+        self.precision = precision if precision is not None else Precision()
         self.logits_chunk_size = logits_chunk_size  # validated by the property's setter
         self._vocab_limit = vocab_limit(tokenizer, model)
         if value_head is not None:
@@ -70,6 +74,7 @@ class Policy:
         lora: LoraSettings | None = None,
         quantization: Quantization | None = None,
         dtype: DType = "float32",
+        master_weights: bool = True,
         device: str = "cpu",
         extra_corpus: Sequence[str] = (),
         gradient_checkpointing: bool = False,
@@ -83,7 +88,9 @@ class Policy:
             value_head: attach a value head (loaded from the directory when saved there).
             lora: wrap in LoRA adapters; ignored for a saved adapter directory (its own settings are used).
             quantization: load linear weights in 4 bits (needs LoRA and the ``qlora`` extra).
-            dtype: weights' dtype.
+            dtype: the compute dtype, and the dtype of frozen weights (`Precision.dtype`).
+            master_weights: keep trainable parameters in float32 under a low-precision ``dtype``
+                (``bf16-mixed``; False: ``bf16-true``). A full fine-tune then loads every weight in float32.
             device: torch device string.
             extra_corpus: more tokenizer training text for the embedded presets.
             gradient_checkpointing: recompute activations in backward.
@@ -91,16 +98,28 @@ class Policy:
         """
         if quantization is not None and lora is None and not _is_saved_adapter(name_or_path):
             raise PolicyError("4-bit base weights cannot be fully fine-tuned: pass lora=LoraSettings(...)")
+        precision = Precision(dtype=dtype, master_weights=master_weights)
+        check_device(precision, device)
         meta = _read_meta(name_or_path)
         if meta is not None and meta.get("lora") is not None:
             policy = cls._load_saved_adapter(
-                Path(name_or_path), meta, value_head=value_head, dtype=dtype, device=device, revision=revision
+                Path(name_or_path),
+                meta,
+                value_head=value_head,
+                precision=precision,
+                device=device,
+                revision=revision,
             )
         else:
             path = resolve_model_path(name_or_path, extra_corpus=extra_corpus)
-            model = load_model(path, dtype=dtype, device=device, quantization=quantization, revision=revision)
+            # Every weight of a full fine-tune trains: it loads in the trainables' dtype.
+            load_dtype = precision.param_dtype if lora is None else precision.dtype
+            model = load_model(
+                path, dtype=load_dtype, device=device, quantization=quantization, revision=revision
+            )
             if lora is not None:
                 model = apply_lora(model, lora)
+            cast_trainable(model, precision)
             head = _load_or_new_value_head(Path(path), model) if value_head else None
             policy = cls(
                 model=model,
@@ -109,6 +128,7 @@ class Policy:
                 base_model=path,
                 lora=lora,
                 quantization=quantization,
+                precision=precision,
             )
         policy.set_gradient_checkpointing(gradient_checkpointing)
         _log.info(
@@ -116,6 +136,7 @@ class Policy:
             model=str(name_or_path),
             lora=policy.lora is not None,
             quantization=policy.quantization,
+            precision=policy.precision.name,
             trainable_params=sum(p.numel() for p in policy.trainable_parameters()),
         )
         return policy
@@ -127,7 +148,7 @@ class Policy:
         meta: dict[str, Any],
         *,
         value_head: bool,
-        dtype: DType,
+        precision: Precision,
         device: str,
         revision: str | None,
     ) -> Policy:
@@ -136,9 +157,13 @@ class Policy:
         settings = LoraSettings(**meta["lora"])
         quantization = meta.get("quantization")
         base = load_model(
-            resolve_model_path(meta["base_model"]), dtype=dtype, device=device, quantization=quantization
+            resolve_model_path(meta["base_model"]),
+            dtype=precision.dtype,
+            device=device,
+            quantization=quantization,
         )
         model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
+        cast_trainable(model, precision)
         head = _load_or_new_value_head(path, model) if value_head else None
         return cls(
             model=model,
@@ -147,6 +172,7 @@ class Policy:
             base_model=meta["base_model"],
             lora=settings,
             quantization=quantization,
+            precision=precision,
         )
 
     @property
@@ -183,6 +209,10 @@ class Policy:
     def hidden_size(self) -> int:
         """Width of the backbone's hidden state."""
         return _hidden_size(self.model)
+
+    def autocast(self) -> AbstractContextManager[object]:
+        """The context every forward of this policy runs in: autocast under ``bf16-mixed``, else a no-op."""
+        return autocast(self.precision, self.device)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """Parameters that receive gradients: adapters (LoRA) or all weights (full), plus the value head."""
@@ -225,14 +255,15 @@ class Policy:
         Uses the live weights; runs under autograd unless called inside ``torch.no_grad()``. ``temperature``
         must equal the sampler's so that ratios against its logprobs start at 1.
         """
-        return packed_forward(
-            self.model,
-            sequences,
-            temperature=temperature,
-            value_head=self.value_head if values else None,
-            chunk_size=self.logits_chunk_size,
-            vocab_limit=self.vocab_limit,
-        )
+        with self.autocast():
+            return packed_forward(
+                self.model,
+                sequences,
+                temperature=temperature,
+                value_head=self.value_head if values else None,
+                chunk_size=self.logits_chunk_size,
+                vocab_limit=self.vocab_limit,
+            )
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write the policy: adapter (LoRA) or full weights, tokenizer, value head and ``mcprl_policy.json``."""

@@ -5,6 +5,10 @@ For a full fine-tune the copy can follow the policy as an exponential moving ave
 averaged or copied; integer buffers (e.g. quantisation state) are left alone. A copy that moved away from the
 weights it was made from is checkpointed with `state_dict` and restored with `load_state_dict`, so a resumed run
 continues with the same reference.
+
+The copy is stored in the policy's compute dtype (`mcprl_policy.Precision.dtype`): under ``bf16-mixed`` the
+policy's float32 master weights are the trained ones, the frozen reference needs no more than bf16. Every
+reference forward runs under the policy's `Policy.autocast`, as the policy's own do.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from torch import nn
 
 from mcprl_policy.errors import PolicyError
+from mcprl_policy.loading import torch_dtype
 from mcprl_policy.packed import PackedForward, packed_forward
 from mcprl_policy.policy import Policy
 
@@ -31,12 +36,13 @@ class ReferencePolicy:
 
     @classmethod
     def for_policy(cls, policy: Policy) -> ReferencePolicy:
-        """Adapters-off view of a LoRA policy (no copy), or a frozen deep copy of a fully trained one."""
+        """Adapters-off view of a LoRA policy (no copy), or a frozen deep copy (in the compute dtype) of a
+        fully trained one."""
         if policy.lora is not None:
             if not hasattr(policy.model, "disable_adapter"):
                 raise PolicyError("a LoRA policy's model must be a peft model with disable_adapter()")
             return cls(policy, None)
-        frozen = copy.deepcopy(policy.model)
+        frozen = copy.deepcopy(policy.model).to(torch_dtype(policy.precision.dtype))
         frozen.eval()
         for p in frozen.parameters():
             p.requires_grad_(False)
@@ -52,14 +58,15 @@ class ReferencePolicy:
         """Per-token reference logprobs and entropies of packed ``sequences`` (no values, no autograd)."""
         chunk, limit = self.policy.logits_chunk_size, self.policy.vocab_limit
         if self.frozen is not None:
-            return packed_forward(
-                self.frozen, sequences, temperature=temperature, chunk_size=chunk, vocab_limit=limit
-            )
+            with self.policy.autocast():
+                return packed_forward(
+                    self.frozen, sequences, temperature=temperature, chunk_size=chunk, vocab_limit=limit
+                )
         model = self.policy.model
         was_training = model.training
         model.eval()
         try:
-            with model.disable_adapter():  # pyright: ignore[reportCallIssue, reportAttributeAccessIssue]
+            with model.disable_adapter(), self.policy.autocast():  # pyright: ignore[reportCallIssue, reportAttributeAccessIssue]
                 return packed_forward(
                     model, sequences, temperature=temperature, chunk_size=chunk, vocab_limit=limit
                 )

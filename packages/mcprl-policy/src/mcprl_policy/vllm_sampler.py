@@ -244,7 +244,7 @@ class VLLMSampler:
         kwargs: dict[str, Any] = {
             "model": policy.base_model,
             "tokenizer": policy.base_model,
-            "dtype": str(next(policy.model.parameters()).dtype).removeprefix("torch."),
+            "dtype": policy.precision.dtype,
             "logprobs_mode": "processed_logprobs",
             "gpu_memory_utilization": gpu_memory_utilization,
             "seed": p.seed if p.seed is not None else 0,

@@ -50,6 +50,8 @@ def build_policy(config: Config, *, source: str | None = None) -> Policy:
         lora=config.lora,
         quantization=config.quantization,
         dtype=config.model.dtype,
+        # DeepSpeed's bf16 keeps the fp32 master weights itself: the policy it wraps loads in bf16.
+        master_weights=config.model.master_weights and config.distributed.backend == "none",
         device=device,
         gradient_checkpointing=config.model.gradient_checkpointing,
     )

@@ -5,9 +5,12 @@ each row of a `MemoryPlan` carries the formula with the config's numbers filled 
 ``N`` (``distributed.num_gpus`` under DeepSpeed, else 1) with ZeRO stage ``z`` (0 without DeepSpeed):
 
 - weights: ``P·w`` (QLoRA: the decoder's linear layers in double-quantised NF4), ``/N`` with a gathered
-  layer and the prefetch bucket live under ZeRO-3; LoRA adapters in fp32.
-- gradients ``T·g`` (``/N`` from ZeRO-2), AdamW ``2·T`` moments plus fp32 master weights under DeepSpeed
-  mixed precision (``/N`` from ZeRO-1): Rajbhandari et al. 2020, "ZeRO", §3 (K = 12).
+  layer and the prefetch bucket live under ZeRO-3; trainable weights (a full fine-tune's, LoRA adapters) in
+  ``m`` bytes: 4 under ``bf16-mixed`` and fp32, 2 under ``bf16-true`` (`mcprl_policy.Precision`).
+- gradients ``T·m`` (``/N`` from ZeRO-2), AdamW ``2·T`` moments in ``m`` bytes, or plus fp32 master weights
+  under DeepSpeed's bf16 (``/N`` from ZeRO-1): Rajbhandari et al. 2020, "ZeRO", §3 (K = 12).
+- under ``bf16-mixed``, autocast's bf16 copies of the trained weights that the forward's matrix products use
+  (kept for backward), and activations of an fp32 residual stream.
 - DeepSpeed's full sampling replica per rank; the frozen reference copy of a full fine-tune with KL (a copy
   of the replica under DeepSpeed, so never partitioned).
 - activations of ``optim.micro_batch_tokens`` packed tokens (Korthikanti et al. 2022, §4, with
@@ -34,8 +37,11 @@ __all__ = [
     "MemoryRow",
     "Phase",
     "estimate_memory",
+    "is_mixed",
     "layer_activation_bytes",
+    "master_bytes",
     "model_activation_bytes",
+    "stream_bytes",
 ]
 
 Phase = Literal["resident", "update", "sampling"]
@@ -126,6 +132,7 @@ def estimate_memory(
     t = shape.lora_params(lora.r, lora.target_modules or ()) if lora else shape.num_params
     notes: list[str] = []
     rows = [*_weight_rows(config, shape, w, t), *_update_rows(config, w, t), *_copy_rows(config, shape, w, t)]
+    rows.extend(_autocast_rows(config, shape, w, t))
     rows.extend(_activation_rows(config, shape, w, device))
     rows.extend(_sampler_rows(config, shape, w, device_memory))
     if config.sampler.backend == "vllm":
@@ -150,6 +157,16 @@ def estimate_memory(
     )
 
 
+def is_mixed(config: Config) -> bool:
+    """Whether the policy trains under ``bf16-mixed`` autocast (DeepSpeed's bf16 keeps its own master copy)."""
+    return config.model.precision.mixed and config.distributed.backend == "none"
+
+
+def master_bytes(config: Config) -> int:
+    """``m``: bytes per trainable parameter in this process (its gradient and each AdamW moment too)."""
+    return 4 if is_mixed(config) else _DTYPE_BYTES[config.model.dtype]
+
+
 def _zero(config: Config) -> tuple[int, int]:
     """``(N, z)``: ranks the model is spread over and the ZeRO stage (0 without DeepSpeed)."""
     ds = config.distributed
@@ -158,7 +175,7 @@ def _zero(config: Config) -> tuple[int, int]:
 
 def _weight_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[MemoryRow]:
     n, stage = _zero(config)
-    base, base_formula = _base_weights(config, shape, w)
+    base, base_formula = _base_weights(config, shape, w if config.lora else master_bytes(config))
     rows: list[MemoryRow] = []
     if stage == 3:
         rows.append(MemoryRow(name="weights", nbytes=base // n, formula=f"({base_formula}) / {n} ranks"))
@@ -174,20 +191,19 @@ def _weight_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[Memo
     else:
         rows.append(MemoryRow(name="weights", nbytes=base, formula=base_formula))
     if config.lora:
-        rows.append(MemoryRow(name="lora adapters (fp32)", nbytes=t * 4, formula=f"T {_m(t)} × 4 B"))
+        m = master_bytes(config)
+        rows.append(MemoryRow(name="lora adapters", nbytes=t * m, formula=f"T {_m(t)} × {m} B"))
     return rows
 
 
 def _update_rows(config: Config, w: int, t: int) -> list[MemoryRow]:
     """Gradients and AdamW state (Rajbhandari et al. 2020, "ZeRO", §3: K = 12 under mixed precision)."""
     n, stage = _zero(config)
-    lora = config.lora is not None
-    g = 4 if lora else w
-    if config.distributed.backend == "deepspeed" and config.distributed.bf16 and not lora:
+    g = master_bytes(config)
+    if config.distributed.backend == "deepspeed" and config.distributed.bf16 and config.lora is None:
         opt, opt_formula = t * 12, f"T {_m(t)} × (4 + 4 + 4) B: fp32 master, m, v"
     else:
-        s = 4 if lora else w
-        opt, opt_formula = t * 2 * s, f"T {_m(t)} × 2 × {s} B: m, v"
+        opt, opt_formula = t * 2 * g, f"T {_m(t)} × 2 × {g} B: m, v"
     return [
         # A torch AdamW frees its gradients after each step (zero_grad(set_to_none=True)); DeepSpeed keeps its
         # gradient partitions allocated.
@@ -224,6 +240,25 @@ def _copy_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[Memory
     return rows
 
 
+def _autocast_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[MemoryRow]:
+    """``bf16-mixed``: autocast's ``w``-byte copies of the trained weights its matrix products read.
+
+    torch caches the cast of each weight for the autocast region and autograd keeps it for backward (measured
+    in test_plan.py): a full fine-tune's linear layers and output head (``L·P_lin + V·h``; the embedding is
+    looked up, not cast), or LoRA's adapters (``T``). A frozen bf16 or 4-bit base is used as it is.
+    """
+    if not is_mixed(config):
+        return []
+    if config.lora is not None:
+        n, formula = t, f"T {_m(t)}"
+    else:
+        n = shape.num_layers * shape.layer_linear_params + shape.embedding_params
+        formula = f"(L·P_lin + V·h) {_m(n)}"
+    return [
+        MemoryRow(name="autocast weight copies", nbytes=n * w, formula=f"{formula} × {w} B", phase="update")
+    ]
+
+
 def _base_weights(config: Config, shape: ModelShape, w: int) -> tuple[int, str]:
     p = shape.num_params
     if config.quantization is None:
@@ -247,16 +282,24 @@ def _sharded(
     return MemoryRow(name=name, nbytes=nbytes // n, formula=f"{formula} / {n} ranks", phase=phase)
 
 
+def stream_bytes(config: Config, w: int) -> int:
+    """``s``: bytes per element of the residual stream: fp32 under a ``bf16-mixed`` full fine-tune (the fp32
+    embedding plus bf16 products promotes to fp32), else the weights' ``w`` (a LoRA base is stored in ``w``)."""
+    return 4 if is_mixed(config) and config.lora is None else w
+
+
 def layer_activation_bytes(config: Config, shape: ModelShape, w: int, *, device: str) -> int:
     """Bytes one decoder layer saves for backward per token (measured term by term on CPU in test_plan.py).
 
     Always: each RMSNorm's fp32 input and its per-row rsqrt (``2·(4h + 4)``, and ``4(q + k) + 4(H + H_kv)``
     for Qwen3's q/k norms); the attention kernel's q, k, v and output at ``w`` and its fp32 per-head
     logsumexp (a memory-efficient kernel keeps no ``s²`` scores); the MLP's gate, act(gate) and up (``3·w·i``).
-    A trained base adds the linear layers' inputs and the norms' normalised values (``4·w·h + w·i``, plus
-    ``w(q + k)`` for the q/k norms). LoRA leaves those out (frozen weights need no inputs) and adds, per
-    targeted module, its input cast to the fp32 adapter dtype, a dropout mask when ``lora.dropout > 0`` (bool
-    on CUDA's fused kernel, fp32 elsewhere) and the rank-r intermediate.
+    A trained base adds the norms' normalised values in the stream's dtype (``2·s·h``) and the linear layers'
+    inputs: ``2·w·h`` when q/k/v and gate/up share one saved input, ``5·w·h`` when autocast casts the fp32
+    stream separately for each; plus ``w·i`` (down's input) and ``w(q + k)`` for the q/k norms. LoRA leaves
+    those out (frozen weights need no inputs) and adds its inputs at ``w`` (`_lora_saved_inputs`), a dropout mask
+    when ``lora.dropout > 0`` (bool on CUDA's fused kernel, else the dtype of the adapters' input: fp32 under
+    ``bf16-mixed``, where peft casts it to the fp32 adapters) and the rank-r intermediate at ``w``.
     """
     h, i, q, k = shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
     heads, kv_heads = shape.num_heads, shape.num_kv_heads
@@ -266,26 +309,44 @@ def layer_activation_bytes(config: Config, shape: ModelShape, w: int, *, device:
         per_token += 4 * (q + k) + 4 * (heads + kv_heads)
     lora = config.lora
     if lora is None:
-        return per_token + 4 * w * h + w * i + (w * (q + k) if qk_norm else 0)
+        s = stream_bytes(config, w)
+        inputs = (2 if s == w else 5) * w * h
+        return per_token + 2 * s * h + inputs + w * i + (w * (q + k) if qk_norm else 0)
     targets = shape.lora_targets(lora.target_modules or ())
-    mask = 0 if lora.dropout == 0 else 1 if device == "cuda" else 4
-    return per_token + shape.lora_inputs(targets) * (4 + mask) + len(targets) * lora.r * 4
+    mask = 0 if lora.dropout == 0 else 1 if device == "cuda" else master_bytes(config)
+    inputs = _lora_saved_inputs(shape, targets, shared=lora.dropout == 0 and not is_mixed(config))
+    return per_token + inputs * (w + mask) + len(targets) * lora.r * w
 
 
-def model_activation_bytes(shape: ModelShape, w: int) -> int:
-    """Bytes saved per token outside the layers: token ids, RoPE's cos and sin, the final norm."""
-    return 8 + 2 * shape.head_dim * w + (4 * shape.hidden_size + 4) + 2 * w * shape.hidden_size
+def _lora_saved_inputs(shape: ModelShape, targets: tuple[str, ...], *, shared: bool) -> int:
+    """Elements per token of the inputs LoRA's adapters save. Without dropout or a cast the adapters read
+    their base layer's input tensor itself: q/k/v share one, gate/up one, and o_proj's is the attention output
+    the kernel already keeps; a dropout (or autocast's cast) makes a copy per module."""
+    if not shared:
+        return shape.lora_inputs(targets)
+    h, i = shape.hidden_size, shape.intermediate_size
+    attention = h if {"q_proj", "k_proj", "v_proj"} & set(targets) else 0
+    mlp = h if {"gate_proj", "up_proj"} & set(targets) else 0
+    return attention + mlp + (i if "down_proj" in targets else 0)
+
+
+def model_activation_bytes(shape: ModelShape, w: int, s: int) -> int:
+    """Bytes saved per token outside the layers: token ids, RoPE's cos and sin and the final norm's input and
+    normalised value (in the stream's ``s``), its rsqrt, the head's input (``w``)."""
+    h = shape.hidden_size
+    return 8 + 2 * shape.head_dim * s + (4 * h + 4) + s * h + w * h
 
 
 def _activation_rows(config: Config, shape: ModelShape, w: int, device: str) -> list[MemoryRow]:
     tokens = config.optim.micro_batch_tokens
     layer = layer_activation_bytes(config, shape, w, device=device)
-    outside = model_activation_bytes(shape, w)
+    s = stream_bytes(config, w)
+    outside = model_activation_bytes(shape, w, s)
     big_l = shape.num_layers
     if config.model.gradient_checkpointing:
-        act = tokens * (big_l * shape.hidden_size * w + layer + outside)
+        act = tokens * (big_l * shape.hidden_size * s + layer + outside)
         formula = (
-            f"{tokens} tok × ({big_l} × h {shape.hidden_size} × {w} B + one layer {layer} B + {outside} B)"
+            f"{tokens} tok × ({big_l} × h {shape.hidden_size} × {s} B + one layer {layer} B + {outside} B)"
         )
     else:
         act = tokens * (big_l * layer + outside)

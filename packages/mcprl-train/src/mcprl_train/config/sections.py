@@ -14,7 +14,7 @@ from attrs import validators as v
 
 from mcprl_grpo.choices import AggregationMode, KLEstimator
 from mcprl_grpo.choices import Estimator as GroupEstimator
-from mcprl_policy.config import DType
+from mcprl_policy.config import DType, Precision
 from mcprl_train.errors import ConfigError
 
 __all__ = [
@@ -62,7 +62,12 @@ class ModelConfig:
 
     Attributes:
         name: ``"tiny"`` (the embedded test model), a hub id (``Qwen/Qwen3-0.6B``) or a local directory.
-        dtype: Parameter dtype of the trainable model.
+        dtype: The compute dtype (`mcprl_policy.Precision`): forwards run under bf16 autocast with
+            ``bfloat16``; frozen weights (a LoRA base, the reference copy, a sampling replica) are stored in it.
+        master_weights: With ``dtype: bfloat16``, keep trainable parameters, gradients and AdamW state in
+            float32 (``bf16-mixed``, the default); false trains the bf16 weights in place (``bf16-true``: less
+            memory, but at small learning rates most updates round to nothing). Under DeepSpeed its bf16
+            (``distributed.bf16``) keeps the master weights.
         device: ``"auto"`` (cuda > mps > cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
         gradient_checkpointing: Recompute activations in backward (less memory, ~30% more compute).
         value_head: Attach a scalar value head (needed by the ``gae`` estimator).
@@ -70,9 +75,21 @@ class ModelConfig:
 
     name: str = attrs.field(default="tiny", validator=v.min_len(1))
     dtype: DType = "float32"
+    master_weights: bool = True
     device: str = attrs.field(default="cpu", validator=_check_device)
     gradient_checkpointing: bool = False
     value_head: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            Precision(dtype=self.dtype, master_weights=self.master_weights)
+        except ValueError as exc:
+            raise ConfigError(f"model.{exc}") from exc
+
+    @property
+    def precision(self) -> Precision:
+        """The policy's `mcprl_policy.Precision` (``fp32``, ``bf16-mixed`` or ``bf16-true``)."""
+        return Precision(dtype=self.dtype, master_weights=self.master_weights)
 
 
 @attrs.frozen(kw_only=True)

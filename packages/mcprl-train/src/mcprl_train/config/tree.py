@@ -115,6 +115,23 @@ class Config:
             raise ConfigError("grpo.estimator: 'gae' needs model.value_head=true")
         if self.distributed.backend == "none" and self.distributed.zero_stage != 0:
             raise ConfigError("distributed.zero_stage: a ZeRO stage needs distributed.backend=deepspeed")
+        self._check_deepspeed_precision()
+
+    def _check_deepspeed_precision(self) -> None:
+        """Under DeepSpeed, its bf16 mode is the mixed precision: it must agree with ``model.dtype``."""
+        ds, model = self.distributed, self.model
+        if ds.backend != "deepspeed":
+            return
+        if ds.bf16 != (model.dtype == "bfloat16"):
+            raise ConfigError(
+                f"distributed.bf16={str(ds.bf16).lower()} with model.dtype={model.dtype}: under DeepSpeed the two "
+                "go together (bf16 with fp32 master weights kept by DeepSpeed, or float32 without bf16)"
+            )
+        if ds.bf16 and not model.master_weights:
+            raise ConfigError(
+                "model.master_weights=false: DeepSpeed's bf16 always keeps fp32 master weights and optimizer "
+                "states; bf16-true runs in one process (distributed.backend=none)"
+            )
 
     def _check_kl_and_reference(self) -> None:
         grpo, ref = self.grpo, self.reference

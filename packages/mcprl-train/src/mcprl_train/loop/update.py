@@ -139,9 +139,10 @@ class TorchBackend:
     def forward(
         self, sequences: Sequence[Sequence[int]], *, temperature: float, values: bool
     ) -> PackedForward:
-        return policy_forward(
-            self._policy, sequences, temperature=temperature, values=values, layout=self.layout
-        )
+        with self._policy.autocast():
+            return policy_forward(
+                self._policy, sequences, temperature=temperature, values=values, layout=self.layout
+            )
 
     def lay_out(self, batches: list[list[Sample]]) -> tuple[list[list[Sample]], int]:
         return batches, 0

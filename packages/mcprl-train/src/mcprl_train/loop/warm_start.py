@@ -285,13 +285,14 @@ class SFTStage:
         correct = 0.0
         for b in pack_indices([len(e.token_ids) for e in batch], self.optim.micro_batch_tokens):
             items = [batch[i] for i in b]
-            out = policy_forward(
-                self.policy,
-                [e.token_ids for e in items],
-                temperature=1.0,
-                values=False,
-                layout=self.optim.layout,
-            )
+            with self.policy.autocast():
+                out = policy_forward(
+                    self.policy,
+                    [e.token_ids for e in items],
+                    temperature=1.0,
+                    values=False,
+                    layout=self.optim.layout,
+                )
             mask = torch.cat(
                 [without_first_token(torch.tensor(e.assistant_mask, dtype=torch.float32)) for e in items]
             )
