@@ -27,6 +27,7 @@ import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Required, TypedDict
 
 from packaging.markers import Marker
 from packaging.tags import Tag, compatible_tags, cpython_tags
@@ -71,8 +72,9 @@ CANNOT_TRAVEL = {
 OPTIONAL = ("bitsandbytes", "deepspeed")
 """Backends fetched last: a test or profile that needs one reports a skip when it did not fit."""
 
-BUILD = ("hatchling==1.33.0",)
-"""The members' build backend, for ``pip install --no-build-isolation -e`` there (fetched with its dependencies)."""
+BUILD = ("hatchling==1.33.0", "editables==0.6")
+"""The members' build backend and what its editable installs need, for ``pip install --no-build-isolation -e``
+there (fetched with their dependencies)."""
 
 PYTHONS = ("3.11",)
 """PLATFORM.md's Python. The device tool's image has 3.12.3 (fetch-gpu-wheels.device-image.txt): pass
@@ -119,19 +121,30 @@ def _marker_holds(marker: str | None, python: str) -> bool:
     return Marker(marker).evaluate(env)
 
 
+class DepEntry(TypedDict, total=False):
+    """A dependency as uv.lock writes it."""
+
+    name: Required[str]
+    version: str
+    marker: str
+    extra: list[str]
+
+
 Lock = dict[str, list[dict[str, object]]]
 """uv.lock's packages by normalised name (a name appears once per locked version)."""
 
 
-def _deps(package: dict[str, object], extras: tuple[str, ...], python: str) -> list[dict[str, str]]:
-    entries: list[dict[str, str]] = list(package.get("dependencies", []))  # type: ignore[arg-type]
-    optional: dict[str, list[dict[str, str]]] = package.get("optional-dependencies", {})  # type: ignore[assignment]
+def _deps(
+    package: dict[str, object], extras: tuple[str, ...], python: str, *, only_optional: bool = False
+) -> list[DepEntry]:
+    entries: list[DepEntry] = [] if only_optional else list(package.get("dependencies", []))  # type: ignore[arg-type]
+    optional: dict[str, list[DepEntry]] = package.get("optional-dependencies", {})  # type: ignore[assignment]
     for extra in extras:
         entries += optional.get(extra, [])
     return [e for e in entries if _marker_holds(e.get("marker"), python)]
 
 
-def _resolve(lock: Lock, entry: dict[str, str]) -> dict[str, object]:
+def _resolve(lock: Lock, entry: DepEntry) -> dict[str, object]:
     name = _norm(entry["name"])
     versions = lock.get(name)
     if not versions:
@@ -144,18 +157,28 @@ def _resolve(lock: Lock, entry: dict[str, str]) -> dict[str, object]:
 
 
 def _closure(
-    lock: Lock, roots: list[dict[str, str]], extras: tuple[str, ...], python: str, stop: frozenset[str]
+    lock: Lock, roots: list[DepEntry], extras: tuple[str, ...], python: str, stop: frozenset[str]
 ) -> dict[str, dict[str, object]]:
-    """The locked packages ``roots`` need on ``python`` (by name), not entering the names in ``stop``."""
+    """The locked packages ``roots`` need on ``python`` (by name), not entering the names in ``stop``.
+
+    ``extras`` apply to every package (the members'); an entry's own ``extra`` (``pyjwt[crypto]``) to its package.
+    """
     seen: dict[str, dict[str, object]] = {}
-    todo = list(roots)
+    expanded: set[tuple[str, str]] = set()
+    todo: list[DepEntry] = list(roots)
     while todo:
         entry = todo.pop()
         name = _norm(entry["name"])
-        if name in seen or name in stop:
+        if name in stop:
             continue
-        seen[name] = package = _resolve(lock, entry)
-        todo += _deps(package, extras, python)
+        wanted = entry.get("extra", [])
+        if name not in seen:
+            seen[name] = _resolve(lock, entry)
+            todo += _deps(seen[name], extras, python)
+        for extra in wanted:
+            if (name, extra) not in expanded:
+                expanded.add((name, extra))
+                todo += _deps(seen[name], (extra,), python, only_optional=True)
     return seen
 
 
@@ -178,8 +201,11 @@ def plan(pythons: tuple[str, ...], have: tuple[str, ...]) -> list[Dist]:
     for package in raw["package"]:
         lock.setdefault(_norm(package["name"]), []).append(package)
     members = {_norm(m) for m in raw["manifest"]["members"]}
-    groups: dict[str, list[dict[str, str]]] = lock["mcprl-workspace"][0].get("dev-dependencies", {})  # type: ignore[assignment]
-    roots = [{"name": m} for m in sorted(members - {"mcprl-workspace"})] + groups.get(TEST_GROUP, [])
+    groups: dict[str, list[DepEntry]] = lock["mcprl-workspace"][0].get("dev-dependencies", {})  # type: ignore[assignment]
+    roots: list[DepEntry] = [
+        *(DepEntry(name=m) for m in sorted(members - {"mcprl-workspace"})),
+        *groups.get(TEST_GROUP, []),
+    ]
     present = frozenset(_norm(h) for h in have)
     files: dict[tuple[str, str], dict[str, int]] = {}
     packages: dict[tuple[str, str], dict[str, object]] = {}
@@ -298,8 +324,9 @@ def fetch(into: Path, dists: list[Dist], pythons: tuple[str, ...]) -> None:
         _pip_download([*_binary_args(python), *BUILD], into)
 
 
-STANDIN_FILES = ("ggml-vocab-qwen2.gguf", "Qwen")
-"""The vocabulary and the Qwen templates (the stand-in model's); the other vendors' templates stay behind."""
+def _standin_file(name: str) -> bool:
+    """The vocabulary and the Qwen templates (the stand-in model's); the other vendors' templates stay behind."""
+    return name == "ggml-vocab-qwen2.gguf" or (name.startswith("Qwen") and name.endswith(".jinja"))
 
 
 def copy_templates(into: Path) -> Path:
@@ -316,7 +343,7 @@ def copy_templates(into: Path) -> Path:
     source = Path(done.stdout.strip())
     target = into / "chat-templates"
     target.mkdir(parents=True)
-    names = sorted(f.name for f in source.iterdir() if f.name.startswith(STANDIN_FILES))
+    names = sorted(f.name for f in source.iterdir() if _standin_file(f.name))
     for name in names:
         shutil.copy2(source / name, target / name)
     (target / ".complete").write_text("\n".join(names) + "\n")

@@ -72,11 +72,11 @@ ls "$wheels"/deepspeed-* >/dev/null 2>&1 && train_extra='[deepspeed]'
 optional=()
 ls "$wheels"/bitsandbytes-* >/dev/null 2>&1 && optional+=(bitsandbytes)
 t0=$SECONDS
-pipi hatchling || die "installing the build backend from $wheels failed (see $log)"
+pipi hatchling editables || die "installing the build backend from $wheels failed: $(tail -n 3 "$log")"
 pipi -e "$root/packages/mcprl-grpo" -e "$root/packages/mcprl-tools" -e "$root/packages/mcprl-env" \
   -e "$root/packages/mcprl-policy" -e "$root/apps/mcprl-servers" -e "$root/apps/mcprl-tasks" \
   -e "$root/packages/mcprl-train$train_extra" gguf pytest-timeout "${optional[@]}" \
-  || die "offline install failed (see $log; a wheel for this Python may be missing: scripts/fetch-gpu-wheels.py --python $("$py" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")'))"
+  || die "offline install failed (a wheel for this Python missing? scripts/fetch-gpu-wheels.py --python $("$py" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')): $(grep -E '^(ERROR|error)' "$log" | tail -n 3)"
 [ "$("$vpy" -c 'import torch; print(torch.__file__)')" = "$("$py" -c 'import torch; print(torch.__file__)')" ] \
   || die "the install replaced the machine's torch"
 say "install: ok $((SECONDS - t0)) s"
