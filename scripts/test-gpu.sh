@@ -5,9 +5,10 @@
 # an overlay venv that sees the machine's packages (its torch is used, never reinstalled).
 #
 # usage: scripts/test-gpu.sh [--quick | --full] [--out DIR] [--wheels DIR] [--venv DIR]
-#   --quick   (default) one GRPO step per profile, fits a 10-minute call; --full: three steps, a larger stand-in
+#   --quick   (default) one GRPO step per profile (meant to fit a 10-minute call); --full: three, larger model
 #   --out     results folder (default $OUT when set, else ./gpu-results): results.txt (one line per part and
-#             the versions), log.txt (everything), gpu-tests.xml (junit)
+#             the versions), log.txt (everything), gpu-tests.xml (junit), constraints.txt; the stand-in model
+#             and the runs go to a temporary folder
 # Exit status: 0 all parts passed or were skipped with a reason; 1 a part failed; 2 no CUDA device or a
 # setup error (nothing ran).
 set -uo pipefail
@@ -58,7 +59,9 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 vpy=$venv/bin/python
 "$vpy" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' >"$out/.purelib" || die "the venv at $venv is broken"
-"$py" -c 'import site; print("\n".join(site.getsitepackages()))' >"$(cat "$out/.purelib")/machine-site.pth"
+# site.addsitedir (not a bare path) so that the machine's own .pth files are read too.
+"$py" -c 'import site; print("".join(f"import site; site.addsitedir({p!r})\n" for p in site.getsitepackages()))' \
+  >"$(cat "$out/.purelib")/machine-site.pth"
 rm -f "$out/.purelib"
 "$vpy" -c 'import torch, pip' 2>>"$log" || die "the venv at $venv does not see the machine's torch and pip"
 
@@ -119,7 +122,8 @@ EOF
 
 # 2. A short mcprl-train per GPU profile on the stand-in (random weights, Qwen3 vocabulary and template).
 if [ $mode = full ]; then hidden=256 layers=4 steps=3; else hidden=64 layers=2 steps=1; fi
-standin=$out/standin-model
+work=$(mktemp -d "${TMPDIR:-/tmp}/mcprl-gpu.XXXXXX")  # the model and the runs stay out of --out (few, small files)
+standin=$work/standin-model
 "$vpy" - "$standin" "$hidden" "$layers" >>"$log" 2>&1 <<'EOF' || { say "standin: FAILED (see log.txt)"; failed=1; }
 import os, sys
 from pathlib import Path
@@ -131,12 +135,12 @@ save_standin_model(Path(sys.argv[1]), tokenizer, hidden_size=int(sys.argv[2]), n
 EOF
 short=(--set "model.name=$standin" --set run.seed=0 --set "run.steps=$steps"
   --set run.checkpoint_every=0 --set grpo.tasks_per_step=4 --set grpo.group_size=4 --set grpo.filter_zero_std=false
-  --set eval.every=0 --set env.max_new_tokens_per_turn=64 --set env.max_total_tokens=4096
+  --set eval.every=0 --set eval.n_tasks=2 --set env.max_new_tokens_per_turn=64 --set env.max_total_tokens=4096
   --set tracking.wandb=disabled --set tracking.progress=false)
 
 profile() {  # NAME LABEL [--set ...]: one line "profile LABEL: ok step_s=..." or "FAILED"
   local name=$1 label=$2; shift 2
-  local dir=$out/runs t0=$SECONDS
+  local dir=$work/runs t0=$SECONDS
   "$vpy" -m mcprl_train train --profile "$name" "${short[@]}" --set "run.output_dir=$dir" --run-name "$name" "$@" \
     >>"$log" 2>&1
   local status=$?
