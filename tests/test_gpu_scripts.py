@@ -170,3 +170,19 @@ def test_a_have_file_from_the_machine_narrows_the_plan(tmp_path: Path) -> None:
     planned = {line.split("==")[0] for line in done.stdout.split()}
     assert "mcp" in planned
     assert not {"matplotlib", "pillow", "torch"} & planned
+
+
+def test_optional_backends_are_left_out_first_and_required_wheels_never() -> None:
+    fetch = _fetch_module()
+    mib = 2**20
+    dists = [
+        fetch.Dist("mcp", "2.3.0", True, 5 * mib),
+        fetch.Dist("bitsandbytes", "0.50.2", True, 41 * mib),
+        fetch.Dist("deepspeed", "0.19.8", False, 2 * mib),
+    ]
+    chosen, left_out = fetch.choose(dists, 10 * mib)
+    assert [d.name for d in chosen] == ["mcp", "deepspeed"]
+    assert len(left_out) == 1
+    assert left_out[0].startswith("left out bitsandbytes==0.50.2: 41.0 MiB does not fit")
+    with pytest.raises(SystemExit, match=r"required wheels need 5\.0 MiB but only 4\.0 MiB"):
+        fetch.choose(dists, 4 * mib)
