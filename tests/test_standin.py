@@ -92,6 +92,9 @@ def test_the_policy_samples_only_decodable_ids_of_the_llama_standin(
         llama_standin_model("llama3.1", "meta-llama-Llama-3.1-8B-Instruct.jinja"), value_head=False
     )
     assert policy.vocab_limit == embedding_rows(policy.model) == 128_256
+    from mcprl_policy.vllm_sampler import allowed_token_ids
+
+    assert allowed_token_ids(policy) is None
 
 
 def test_qwen3_standin_has_the_published_ids_and_embedding(standin_model: StandinModel) -> None:
@@ -130,6 +133,10 @@ def test_the_policy_samples_only_decodable_ids_of_the_standin(standin_model: Sta
     from mcprl_policy.vocab import embedding_rows
 
     assert embedding_rows(policy.model) == 151_936
+    from mcprl_policy.vllm_sampler import allowed_token_ids
+
+    # vLLM's requests are bounded the same way (vllm itself is not needed to build the bound).
+    assert allowed_token_ids(policy) == list(range(151_669))
 
 
 def test_a_missing_vocabulary_file_names_the_script_that_fetches_it(tmp_path: Path) -> None:
