@@ -216,8 +216,10 @@ _LLAMA31_NAMED: Final = {
     128_009: "<|eot_id|>",
     128_010: "<|python_tag|>",
 }
-# Hermes 3 (Llama 3.1 base) keeps the 128,256 rows and puts ChatML's markers in reserved slots; its config.json
-# names <|im_end|> (128040) as eos_token_id.
+# Hermes 3 (Llama 3.1 base) keeps the 128,256 rows and puts ChatML's markers in reserved slots: its config.json
+# names 128040 as eos_token_id, its special_tokens_map.json <|im_end|> as eos_token. <|im_start|> at 128039 is
+# assumed (Hermes 3's tokenizer_config.json was not available when this was written); the template writes it as
+# one special token either way.
 _HERMES3_CHATML: Final = {128_039: "<|im_start|>", 128_040: "<|im_end|>"}
 
 
