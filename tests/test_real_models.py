@@ -149,3 +149,14 @@ def test_llama_family_standins_train_checkpoint_and_evaluate(
     assert (policy / "chat_template.jinja").read_text() == (model / "chat_template.jinja").read_text()
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["sft/tokens"] > 0 for r in records if r["kind"] == "sft"), records
+
+
+def test_qwen3_with_thinking_on_warm_starts_on_reasoning_demonstrations(
+    standin_model: StandinModel, tmp_path: Path
+) -> None:
+    """``enable_thinking: true``: the scripted demonstrations carry reasoning (`mcprl_tasks.with_reasoning`),
+    the template renders it as each turn's think block, and the run stays valid end to end."""
+    model = standin_model("qwen3", "Qwen-Qwen3-0.6B.jinja")
+    _train_and_evaluate(model, tmp_path, "--set", "env.chat_template_kwargs={enable_thinking: true}")
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    assert "enable_thinking: true" in config
