@@ -153,6 +153,43 @@ def test_a_demonstration_of_an_episodes_conversation_is_the_episodes_ids_and_mas
     assert not any(mask[n:])
 
 
+def _real_tokenizer(chat_templates_dir: Path, name: str) -> Any:
+    """The family's published vocabulary (`mcprl_policy.standin`) with the family's template."""
+    pytest.importorskip("gguf", reason="the vocabularies are read from .gguf files: pip install gguf")
+    from mcprl_policy.standin import llama_tokenizer, qwen_tokenizer
+
+    template = (chat_templates_dir / FAMILIES[name][0]).read_text()
+    match name:
+        case "llama3.1" | "hermes3":
+            release = "llama3.1" if name == "llama3.1" else "hermes3"
+            gguf_file = chat_templates_dir / "ggml-vocab-llama-bpe.gguf"
+            return llama_tokenizer(gguf_file, release=release, chat_template=template)
+        case _:
+            gguf_file = chat_templates_dir / "ggml-vocab-qwen2.gguf"
+            return qwen_tokenizer(gguf_file, release="qwen3", chat_template=template)
+
+
+@pytest.mark.parametrize("name", ["llama3.1", "hermes3", "qwen3-thinking-off"])
+def test_a_demonstration_is_the_episode_on_the_families_real_vocabulary(
+    chat_templates_dir: Path, name: str
+) -> None:
+    _, eos, kwargs, script, responses = FAMILIES[name]
+    tok = _real_tokenizer(chat_templates_dir, name)
+    assert tok.eos_token == eos
+    episode = _episode(tok, kwargs, script, responses)
+    assert episode.drift_count == 0
+    weights = [1] * sum(m["role"] == "assistant" for m in episode.messages)
+    ids, mask = prefix_diff_targets(
+        tok, episode.messages, weights, tools=TOOLS, template_kwargs=kwargs, end_of_turn={tok.eos_token_id}
+    )
+    n = len(episode.token_ids)
+    assert ids[:n] == episode.token_ids
+    assert mask[:n] == episode.loss_mask
+    assert not any(mask[n:])
+    sampled = [[*tok.encode(text, add_special_tokens=False), tok.eos_token_id] for text in script]
+    assert [t for t, m in zip(ids, mask, strict=True) if m] == [t for turn in sampled for t in turn]
+
+
 def _structured_call(name: str, **arguments: Any) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name, "arguments": arguments}}
 
@@ -166,7 +203,7 @@ def test_a_thinking_demonstration_with_reasoning_content_is_the_episode_on_the_r
     from mcprl_policy.standin import qwen_tokenizer
 
     template = (chat_templates_dir / "Qwen-Qwen3-0.6B.jinja").read_text()
-    tok = qwen_tokenizer(
+    tok: Any = qwen_tokenizer(
         chat_templates_dir / "ggml-vocab-qwen2.gguf", release="qwen3", chat_template=template
     )
     kwargs = {"enable_thinking": True}
