@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Fetch the vendors' published chat templates (and the Qwen2/Qwen3 vocabulary) into a cache outside the repo.
+"""Fetch the vendors' published chat templates (and the Qwen and Llama 3 vocabularies) into a cache outside the repo.
 
 The llama-cpp-python source distribution on PyPI vendors llama.cpp, whose ``models/templates/*.jinja`` are
 chat templates exactly as the vendors publish them (Qwen3, Qwen3.5, Qwen3-Coder, Qwen2.5, Llama 3.x,
-Hermes 2/3, Mistral, ...) and whose ``models/ggml-vocab-qwen2.gguf`` is the Qwen2/Qwen3 vocabulary. This
+Hermes 2/3, Mistral, ...), whose ``models/ggml-vocab-qwen2.gguf`` is the Qwen2/Qwen3 vocabulary and whose
+``models/ggml-vocab-llama-bpe.gguf`` is the Llama 3 vocabulary; beside each vocabulary, ``.gguf.inp`` and
+``.gguf.out`` are llama.cpp's tokenizer test vectors (texts and the ids the vendor's tokenizer gives them). This
 script downloads that sdist once with pip, checks its sha256, extracts only those files into
 ``$MCPRL_CHAT_TEMPLATES_DIR`` or ``${XDG_CACHE_HOME:-~/.cache}/mcprl/chat-templates/<version>/`` and prints
 the directory. A second run finds the directory complete and prints it at once. The files are never committed.
@@ -30,7 +32,8 @@ VERSION = "0.3.36"
 SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
 MODELS = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/models/"
-VOCAB = "ggml-vocab-qwen2.gguf"
+VOCABS = ("ggml-vocab-qwen2.gguf", "ggml-vocab-llama-bpe.gguf")
+VOCAB_FILES = frozenset(f"{vocab}{suffix}" for vocab in VOCABS for suffix in ("", ".inp", ".out"))
 MARKER = ".complete"
 
 
@@ -93,8 +96,8 @@ def _extract(sdist: Path, into: Path) -> list[str]:
                 and "/" not in rel[len("templates/") :]
             ):
                 target = into / Path(rel).name
-            elif rel == VOCAB:
-                target = into / VOCAB
+            elif rel in VOCAB_FILES:
+                target = into / rel
             else:
                 continue
             source = tar.extractfile(member)
@@ -104,9 +107,14 @@ def _extract(sdist: Path, into: Path) -> list[str]:
     return sorted(names)
 
 
+def _complete(directory: Path) -> bool:
+    marker = directory / MARKER
+    return marker.is_file() and set(marker.read_text().split()) >= VOCAB_FILES
+
+
 def fetch(directory: Path) -> Path:
-    """Make ``directory`` hold the templates and the vocabulary; idempotent."""
-    if (directory / MARKER).is_file():
+    """Make ``directory`` hold the templates and the vocabularies; idempotent."""
+    if _complete(directory):
         return directory
     directory.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="mcprl-chat-templates-", dir=directory.parent) as tmp:
@@ -115,20 +123,22 @@ def fetch(directory: Path) -> Path:
         names = _extract(_download(Path(tmp)), staging)
         if not any(n.endswith(".jinja") for n in names):
             raise RuntimeError(f"{SDIST} holds no {MODELS}templates/*.jinja")
+        if missing := sorted(VOCAB_FILES - set(names)):
+            raise RuntimeError(f"{SDIST} holds no {MODELS}{{{','.join(missing)}}}")
         (staging / MARKER).write_text("\n".join(names) + "\n")
         try:
             staging.rename(directory)
         except OSError:
             # Another process finished first (the rename is atomic, so its copy is complete) or a stale,
-            # incomplete directory is in the way.
-            if not (directory / MARKER).is_file():
+            # incomplete directory (an earlier version of this script's, without every vocabulary) is in the way.
+            if not _complete(directory):
                 shutil.rmtree(directory)
                 staging.rename(directory)
     return directory
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=None, help="target directory (default: the cache)")
     args = parser.parse_args()
     try:

@@ -36,3 +36,34 @@ def standin_model(
         return built[key]
 
     return build
+
+
+@pytest.fixture(scope="session")
+def llama_standin_model(
+    chat_templates_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str, str], Path]:
+    """Builds (once per session and argument pair) a tiny random-weight Llama with the real Llama 3 vocabulary.
+
+    ``(release, template file) -> model directory``; release is ``"llama3.1"`` or ``"hermes3"``
+    (`mcprl_policy.standin.LlamaRelease`): 128,256 embedding rows, the release's special-token names and
+    end-of-turn ids, and the vendor's template as published.
+    """
+    pytest.importorskip("gguf", reason="the Llama 3 vocabulary is read from a .gguf file: pip install gguf")
+    from mcprl_policy.standin import LlamaRelease, llama_tokenizer, save_llama_standin_model
+
+    built: dict[tuple[str, str], Path] = {}
+    releases: dict[str, LlamaRelease] = {"llama3.1": "llama3.1", "hermes3": "hermes3"}
+
+    def build(release: str, template: str) -> Path:
+        key = (release, template)
+        if key not in built:
+            tokenizer = llama_tokenizer(
+                chat_templates_dir / "ggml-vocab-llama-bpe.gguf",
+                release=releases[release],
+                chat_template=(chat_templates_dir / template).read_text(),
+            )
+            directory = tmp_path_factory.mktemp(f"standin-{release}")
+            built[key] = save_llama_standin_model(directory, tokenizer, release=releases[release])
+        return built[key]
+
+    return build

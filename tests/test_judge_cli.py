@@ -77,6 +77,10 @@ def test_the_judge_checks_a_training_run_and_its_metrics_are_logged(tmp_path: Pa
         if r["judge/calls"]:
             assert r["judge/latency_p95_s"] >= r["judge/latency_p50_s"] > 0
     assert sum(r["judge/requests"] for r in judged) == len(requests)  # every request the server saw, counted
+    # The cost of each record is the endpoint's usage over its requests (the test server counts words).
+    words = [sum(len(m["content"].split()) for m in q["messages"]) for q in requests]
+    assert sum(r.get("judge/prompt_tokens", 0.0) for r in judged) == sum(words)
+    assert all(r["judge/completion_tokens"] > 0 for r in judged if r["judge/calls"])
     judged_ids = {json.loads(line)["id"] for line in (EXAMPLE / "train.jsonl").read_text().splitlines()[80:]}
     answered = [e for e in episodes if e["task_id"] in judged_ids and e["answer"] is not None]
     assert sum(r["judge/lookups"] for r in judged if r["kind"] == "grpo") == len(answered)

@@ -5,10 +5,13 @@ everything else a published checkpoint has: the 151,936-row embedding, the relea
 Qwen3, 151,665 for Qwen2.5) rebuilt from llama.cpp's Qwen2 vocabulary, and the vendor's chat template as
 published. The runs use the demo's offline MCP servers (real stdio subprocesses) and the real CLI.
 
-Qwen3.5 has its own 248k vocabulary, which is not available here; its template (XML tool calls, ``<think>``
-generation prompt) runs on the Qwen3 vocabulary, which holds every token the template writes. Llama 3.x and
-Hermes 3 have no vocabulary available here at all (their tokenizers are only on the hub), so they have no
-end-to-end run; their templates are covered by the parser and transcript tests in mcprl-env.
+The Llama stand-ins (`llama_standin_model`) are two-layer random-weight ``LlamaForCausalLM``s with the 128,256-row
+embedding and the Llama 3 tokenizer rebuilt from llama.cpp's ``ggml-vocab-llama-bpe.gguf`` (Meta's special-token
+names, or Hermes 3's ChatML end of turn), under Llama 3.1's, Llama 3.2's and Hermes 3's templates.
+
+Qwen3.5 has its own 248k vocabulary, which is not available here (llama.cpp's ``ggml-vocab-qwen35.gguf`` holds
+the Qwen2 vocabulary under Qwen3.5's pre-tokenizer name); its template (XML tool calls, ``<think>`` generation
+prompt) runs on the Qwen3 vocabulary, which holds every token the template writes.
 """
 
 from __future__ import annotations
@@ -68,7 +71,9 @@ def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _train_and_evaluate(model: Path, out: Path, *extra: str) -> tuple[Path, dict[str, object]]:
+def _train_and_evaluate(
+    model: Path, out: Path, *extra: str, vocab_limit: int = 151_669
+) -> tuple[Path, dict[str, object]]:
     proc = _cli(
         "train",
         "--set",
@@ -90,7 +95,7 @@ def _train_and_evaluate(model: Path, out: Path, *extra: str) -> tuple[Path, dict
     episodes = [json.loads(line) for line in (run / "trajectories.jsonl").read_text().splitlines()]
     assert len(episodes) == 4
     assert all(e["valid"] and e["error"] is None for e in episodes), [e["error"] for e in episodes]
-    assert all(max(e["token_ids"]) < 151_669 for e in episodes)
+    assert all(max(e["token_ids"]) < vocab_limit for e in episodes)
     checkpoint = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().split()[0]
     evaluated = _cli("eval", "--checkpoint", str(checkpoint))
     assert evaluated.returncode == 0, evaluated.stderr[-4000:]
@@ -122,3 +127,36 @@ def test_other_qwen_templates_train_checkpoint_and_evaluate(
     standin_model: StandinModel, tmp_path: Path, release: str, template: str
 ) -> None:
     _train_and_evaluate(standin_model(release, template), tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("release", "template", "lora"),
+    [
+        ("llama3.1", "meta-llama-Llama-3.1-8B-Instruct.jinja", False),
+        ("llama3.1", "meta-llama-Llama-3.1-8B-Instruct.jinja", True),
+        ("llama3.1", "meta-llama-Llama-3.2-3B-Instruct.jinja", False),
+        ("hermes3", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", False),
+    ],
+    ids=["llama3.1-full", "llama3.1-lora", "llama3.2", "hermes3"],
+)
+def test_llama_family_standins_train_checkpoint_and_evaluate(
+    llama_standin_model: StandinModel, tmp_path: Path, release: str, template: str, lora: bool
+) -> None:
+    model = llama_standin_model(release, template)
+    checkpoint, _ = _train_and_evaluate(model, tmp_path, *(LORA if lora else ()), vocab_limit=128_256)
+    policy = checkpoint / "policy"
+    assert (policy / "adapter_config.json").is_file() == lora
+    assert (policy / "chat_template.jinja").read_text() == (model / "chat_template.jinja").read_text()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["sft/tokens"] > 0 for r in records if r["kind"] == "sft"), records
+
+
+def test_qwen3_with_thinking_on_warm_starts_on_reasoning_demonstrations(
+    standin_model: StandinModel, tmp_path: Path
+) -> None:
+    """``enable_thinking: true``: the scripted demonstrations carry reasoning (`mcprl_tasks.with_reasoning`),
+    the template renders it as each turn's think block, and the run stays valid end to end."""
+    model = standin_model("qwen3", "Qwen-Qwen3-0.6B.jinja")
+    _train_and_evaluate(model, tmp_path, "--set", "env.chat_template_kwargs={enable_thinking: true}")
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    assert "enable_thinking: true" in config

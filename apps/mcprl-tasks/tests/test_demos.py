@@ -213,3 +213,26 @@ def test_typos_leave_the_other_mistakes_of_a_seed_alone_when_off() -> None:
         simulate_tool_error(
             "get_quote", {"symbol": _sample("demo", 1)[0]["metadata"]["params"]["symbols"][0]}
         )
+
+
+def test_with_reasoning_states_each_turns_own_action_and_keeps_the_rest() -> None:
+    from mcprl_tasks import with_reasoning
+
+    call = {"type": "function", "function": {"name": "get_quote", "arguments": {"symbol": "ACME"}}}
+    messages = [
+        {"role": "user", "content": "Price of ACME?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "get_quote", "content": '{"price": 12.5}'},
+        {"role": "assistant", "content": "<answer>12.5</answer>"},
+        {"role": "assistant", "content": "<answer>1</answer>", "reasoning_content": "Mine."},
+    ]
+    out = with_reasoning(messages)
+    assert [m.get("reasoning_content") for m in out] == [
+        None,
+        'Next I call get_quote with {"symbol": "ACME"}.',
+        None,
+        "The tool results give the answer: 12.5.",
+        "Mine.",
+    ]
+    assert [{k: v for k, v in m.items() if k != "reasoning_content"} for m in out[:4]] == messages[:4]
+    assert "reasoning_content" not in messages[1]  # the input is not modified

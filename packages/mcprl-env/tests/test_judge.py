@@ -172,7 +172,17 @@ async def test_a_malformed_verdict_is_retried_then_fails(server: ChatServer, man
         await judge(episode(manager, "42"))
     server.replies = [(200, "PASS")]
     assert await judge(episode(manager, "42")) is True  # not cached as a failure: the retry is answered
-    assert judge_metrics()["judge/malformed"] == 3
+    metrics = judge_metrics()
+    assert metrics["judge/malformed"] == 3
+    # Every reply the endpoint sent is billed, the malformed ones too: the server counts words as tokens.
+    words = sum(len(m["content"].split()) for m in server.requests[0]["messages"])
+    assert all(sum(len(m["content"].split()) for m in q["messages"]) == words for q in server.requests)
+    assert len(server.requests) == 4
+    assert metrics["judge/prompt_tokens"] == 4 * words
+    good = json.dumps({"correct": True, "reason": "matches the reference"})  # the server's verdict
+    replies = ["Yes, correct.", '{"correct": "yes", "reason": "x"}', "PASS", good]
+    assert metrics["judge/completion_tokens"] == sum(len(r.split()) for r in replies)
+    assert metrics["judge/prompt_tokens_mean"] == words
 
 
 async def test_no_answer_is_incorrect_without_a_request(server: ChatServer, manager: ToolManager) -> None:

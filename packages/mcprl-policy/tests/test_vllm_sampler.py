@@ -27,7 +27,13 @@ from mcprl_policy import (
     SamplerError,
     SamplingParams,
 )
-from mcprl_policy.vllm_sampler import VLLMSampler, check_head_size, request_sampling_kwargs, require_vllm
+from mcprl_policy.vllm_sampler import (
+    VLLMSampler,
+    allowed_token_ids,
+    check_head_size,
+    request_sampling_kwargs,
+    require_vllm,
+)
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (run scripts/test-vllm-cpu.sh)")
@@ -249,3 +255,32 @@ def test_a_request_seed_reaches_vllms_sampling_params() -> None:
     assert request_sampling_kwargs(params, max_tokens=12, seed=None, stop_token_ids=[2])["seed"] is None
     if importlib.util.find_spec("vllm") is not None:
         assert require_vllm().SamplingParams(**seeded).seed == 2**62 + 3
+
+
+def test_requests_are_bounded_to_the_decodable_ids_only_when_the_model_has_more_rows() -> None:
+    """vllm is not needed to build the keyword arguments; with it installed they are also fed to vLLM.
+
+    The tiny model's tokenizer decodes every row; the same model with its embedding grown by 7 rows (as a
+    published checkpoint pads its vocabulary to a multiple of 128) must be bounded to the tokenizer's ids.
+    """
+    policy = Policy.from_pretrained("tiny", value_head=False)
+    rows = policy.model.get_input_embeddings().num_embeddings  # pyright: ignore[reportCallIssue]
+    assert allowed_token_ids(policy) is None
+    assert (
+        request_sampling_kwargs(SamplingParams(), max_tokens=4, seed=None, stop_token_ids=[2])[
+            "allowed_token_ids"
+        ]
+        is None
+    )
+    policy.model.resize_token_embeddings(rows + 7)  # pyright: ignore[reportCallIssue]
+    padded = Policy(
+        model=policy.model, tokenizer=policy.tokenizer, value_head=None, base_model=policy.base_model
+    )
+    allowed = allowed_token_ids(padded)
+    assert allowed == list(range(rows))
+    kwargs = request_sampling_kwargs(
+        SamplingParams(), max_tokens=4, seed=None, stop_token_ids=[2], allowed_token_ids=allowed
+    )
+    assert kwargs["allowed_token_ids"] is allowed
+    if importlib.util.find_spec("vllm") is not None:
+        assert require_vllm().SamplingParams(**kwargs).allowed_token_ids == allowed

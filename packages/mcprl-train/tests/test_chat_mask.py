@@ -151,3 +151,96 @@ def test_a_demonstration_of_an_episodes_conversation_is_the_episodes_ids_and_mas
     rendered = tok.apply_chat_template(episode.messages, tools=TOOLS, tokenize=False, **kwargs)
     assert tok.decode(ids[n:]) == rendered[rendered.rindex(eos) + len(eos) :]
     assert not any(mask[n:])
+
+
+def _real_tokenizer(chat_templates_dir: Path, name: str) -> Any:
+    """The family's published vocabulary (`mcprl_policy.standin`) with the family's template."""
+    pytest.importorskip("gguf", reason="the vocabularies are read from .gguf files: pip install gguf")
+    from mcprl_policy.standin import llama_tokenizer, qwen_tokenizer
+
+    template = (chat_templates_dir / FAMILIES[name][0]).read_text()
+    match name:
+        case "llama3.1" | "hermes3":
+            release = "llama3.1" if name == "llama3.1" else "hermes3"
+            gguf_file = chat_templates_dir / "ggml-vocab-llama-bpe.gguf"
+            return llama_tokenizer(gguf_file, release=release, chat_template=template)
+        case _:
+            gguf_file = chat_templates_dir / "ggml-vocab-qwen2.gguf"
+            return qwen_tokenizer(gguf_file, release="qwen3", chat_template=template)
+
+
+@pytest.mark.parametrize("name", ["llama3.1", "hermes3", "qwen3-thinking-off"])
+def test_a_demonstration_is_the_episode_on_the_families_real_vocabulary(
+    chat_templates_dir: Path, name: str
+) -> None:
+    _, eos, kwargs, script, responses = FAMILIES[name]
+    tok = _real_tokenizer(chat_templates_dir, name)
+    assert tok.eos_token == eos
+    episode = _episode(tok, kwargs, script, responses)
+    assert episode.drift_count == 0
+    weights = [1] * sum(m["role"] == "assistant" for m in episode.messages)
+    ids, mask = prefix_diff_targets(
+        tok, episode.messages, weights, tools=TOOLS, template_kwargs=kwargs, end_of_turn={tok.eos_token_id}
+    )
+    n = len(episode.token_ids)
+    assert ids[:n] == episode.token_ids
+    assert mask[:n] == episode.loss_mask
+    assert not any(mask[n:])
+    sampled = [[*tok.encode(text, add_special_tokens=False), tok.eos_token_id] for text in script]
+    assert [t for t, m in zip(ids, mask, strict=True) if m] == [t for turn in sampled for t in turn]
+
+
+def _structured_call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_a_thinking_demonstration_with_reasoning_content_is_the_episode_on_the_real_qwen3_vocabulary(
+    chat_templates_dir: Path,
+) -> None:
+    """Thinking on: a structured demonstration (``reasoning_content`` and ``tool_calls``) is rendered by the real
+    Qwen3 template into the turns a thinking model samples, token for token on the real Qwen3 vocabulary."""
+    pytest.importorskip("gguf", reason="the Qwen vocabulary is read from a .gguf file: pip install gguf")
+    from mcprl_policy.standin import qwen_tokenizer
+
+    template = (chat_templates_dir / "Qwen-Qwen3-0.6B.jinja").read_text()
+    tok: Any = qwen_tokenizer(
+        chat_templates_dir / "ggml-vocab-qwen2.gguf", release="qwen3", chat_template=template
+    )
+    kwargs = {"enable_thinking": True}
+    reasoning = ["Multiply 3 by 4.5.", "Check by halving 27.", "Both give 13.5."]
+    script = [
+        f"<think>\n{reasoning[0]}\n</think>\n\n" + hermes("multiply", a=3, b=4.5),
+        f"<think>\n{reasoning[1]}\n</think>\n\n" + hermes("divide", a=27, b=2),
+        f"<think>\n{reasoning[2]}\n</think>\n\n<answer>13.5</answer>",
+    ]
+    episode = _episode(tok, kwargs, script, [["13.5"], ["13.5"]])
+    assert episode.drift_count == 0
+    demo = [
+        {"role": "system", "content": "You are a calculator."},
+        {"role": "user", "content": "What is 3 times 4.5?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": reasoning[0],
+            "tool_calls": [_structured_call("multiply", a=3, b=4.5)],
+        },
+        {"role": "tool", "content": "13.5"},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": reasoning[1],
+            "tool_calls": [_structured_call("divide", a=27, b=2)],
+        },
+        {"role": "tool", "content": "13.5"},
+        {"role": "assistant", "content": "<answer>13.5</answer>", "reasoning_content": reasoning[2]},
+    ]
+    ids, mask = prefix_diff_targets(
+        tok, demo, [1, 1, 1], tools=TOOLS, template_kwargs=kwargs, end_of_turn={tok.eos_token_id}
+    )
+    n = len(episode.token_ids)
+    assert ids[:n] == episode.token_ids
+    assert mask[:n] == episode.loss_mask
+    assert not any(mask[n:])
+    targets = [tok.decode(ids[i : i + 1]) for i in range(len(ids)) if mask[i]]
+    assert "".join(targets) == "".join(f"{turn}<|im_end|>" for turn in script)
+    assert max(ids) < 151_669

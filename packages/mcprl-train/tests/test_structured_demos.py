@@ -233,3 +233,29 @@ def test_a_demonstration_the_template_refuses_is_a_demonstration_error(
         DemonstrationError, match=r"the model's chat template refuses it: .*single tool-calls"
     ):
         render_example(tok, parallel, TOOLS)
+
+
+def test_thinking_on_the_scripted_demonstrations_reason_in_the_think_block_before_each_call(
+    chat_templates_dir: Path, template_tokenizer: TemplateTokenizer
+) -> None:
+    """Qwen3 with ``enable_thinking``: every target turn is the think block the template renders from the turn's
+    ``reasoning_content`` (`mcprl_tasks.with_reasoning`), then the turn as the model writes it, parsed back."""
+    kwargs = {"enable_thinking": True}
+    tok = template_tokenizer((chat_templates_dir / "Qwen-Qwen3-0.6B.jinja").read_text(), "<|im_end|>", SAMPLE)
+    parser = get_parser("hermes")
+    checked = 0
+    for task, plain in _scripted(6):
+        messages = mcprl_tasks.with_reasoning(plain)
+        example = render_example(tok, messages, TOOLS, template_kwargs=kwargs)
+        targets = [m for m in messages if m["role"] == "assistant" and m.get("weight", 1) == 1]
+        for message, text in zip(targets, _target_turns(tok, example), strict=True):
+            think = f"<think>\n{message['reasoning_content']}\n</think>\n\n"
+            assert text.startswith(think), (task["id"], text)
+            calls = [c["function"] for c in message.get("tool_calls", [])]
+            written = "\n".join(_hermes(c["name"], **c["arguments"]) for c in calls) or message["content"]
+            assert text == think + written
+            parsed = parser.parse(text, tools=TOOLS)
+            assert not parsed.errors, (task["id"], text)
+            assert [{"name": c.name, "arguments": c.arguments} for c in parsed.calls] == calls
+            checked += 1
+    assert checked >= 2 * 6

@@ -4,7 +4,7 @@
 builds new sets; :mod:`mcprl_tasks.demos` turns tasks into warm-start demonstrations.
 """
 
-from mcprl_tasks.demos import demo_succeeds, ideal_demo, imperfect_teacher, tool_call_text
+from mcprl_tasks.demos import demo_succeeds, ideal_demo, imperfect_teacher, tool_call_text, with_reasoning
 from mcprl_tasks.errors import TasksError, UnknownFamilyError, UnknownPresetError
 from mcprl_tasks.generate import generate_split, generate_tasks, split_combos, write_split
 from mcprl_tasks.presets import PRESETS, build_preset, load_preset
@@ -30,6 +30,7 @@ __all__ = [
     "read_tasks",
     "split_combos",
     "tool_call_text",
+    "with_reasoning",
     "write_split",
     "write_tasks",
 ]

@@ -32,6 +32,7 @@ __all__ = [
     "python_ratio_output",
     "tool_call",
     "tool_call_text",
+    "with_reasoning",
 ]
 
 Call = tuple[str, dict[str, Any]]
@@ -319,3 +320,30 @@ def imperfect_teacher(
         if not 0.0 <= p <= 1.0:
             raise ValueError("probabilities must be in [0, 1]")
     return _play(task, _Imperfect(rng, p_skip_lookup, p_extra_call, p_wrong_answer, p_typo))
+
+
+def with_reasoning(messages: list[Message]) -> list[Message]:
+    """``messages`` with a one-line ``reasoning_content`` on each assistant turn that has none, for thinking models.
+
+    A thinking model (Qwen3 with ``enable_thinking``) writes a ``<think>`` block before each turn; its chat
+    template renders ``reasoning_content`` there. The line states the turn's own action (the call and its
+    arguments, or the answer given), so a demonstration never reasons towards anything it does not do.
+    """
+    out: list[Message] = []
+    for message in messages:
+        if message.get("role") != "assistant" or message.get("reasoning_content"):
+            out.append(message)
+            continue
+        calls: list[dict[str, Any]] = message.get("tool_calls") or []
+        if calls:
+            steps = [
+                f"{c['function']['name']} with {json.dumps(c['function']['arguments'], sort_keys=True)}"
+                for c in calls
+            ]
+            reasoning = "Next I call " + " and ".join(steps) + "."
+        else:
+            content = str(message.get("content") or "")
+            answer = content.removeprefix("<answer>").removesuffix("</answer>")
+            reasoning = f"The tool results give the answer: {answer}."
+        out.append({**message, "reasoning_content": reasoning})
+    return out

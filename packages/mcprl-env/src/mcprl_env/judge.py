@@ -340,8 +340,10 @@ def judge_metrics() -> dict[str, float]:
     Keys: ``judge/lookups`` (verdicts asked for), ``judge/cache_hits``, ``judge/cache_hit_rate``,
     ``judge/calls`` (verdicts asked of the endpoint), ``judge/requests`` (HTTP requests, retries included),
     ``judge/failures`` (calls that raised `JudgeError`), ``judge/malformed`` (unparseable replies),
-    ``judge/latency_p50_s``, ``judge/latency_p95_s`` (per answered request), ``judge/prompt_tokens_mean`` and
-    ``judge/completion_tokens_mean`` (per answered request, from the endpoint's ``usage``).
+    ``judge/latency_p50_s``, ``judge/latency_p95_s`` (per answered request), ``judge/prompt_tokens`` and
+    ``judge/completion_tokens`` (totals of the endpoint's ``usage`` over every answered request, malformed
+    verdicts included: what the endpoint bills for the step), ``judge/prompt_tokens_mean`` and
+    ``judge/completion_tokens_mean`` (per answered request).
     """
     total = _Stats()
     for judge in list(_JUDGES):
@@ -369,6 +371,8 @@ def judge_metrics() -> dict[str, float]:
     if answered := len(total.latencies):
         out["judge/latency_p50_s"] = statistics.median(total.latencies)
         out["judge/latency_p95_s"] = _quantile(total.latencies, 0.95)
+        out["judge/prompt_tokens"] = float(total.prompt_tokens)
+        out["judge/completion_tokens"] = float(total.completion_tokens)
         out["judge/prompt_tokens_mean"] = total.prompt_tokens / answered
         out["judge/completion_tokens_mean"] = total.completion_tokens / answered
     return out

@@ -1,4 +1,4 @@
-"""A stand-in for a published Qwen chat model: random weights, the real vocabulary, the real chat template.
+"""Stand-ins for published Qwen and Llama 3 chat models: random weights, the real vocabulary, the real template.
 
 What a user brings (``Qwen/Qwen3-0.6B``) differs from the embedded tiny model in everything the pipeline
 touches outside the weights: a 151,936-row embedding, a tokenizer that decodes fewer ids than that, special
@@ -8,7 +8,9 @@ transformer (two layers, hidden size 64), so a whole ``mcprl-train`` run fits a 
 The tokenizer is rebuilt from llama.cpp's ``ggml-vocab-qwen2.gguf`` (the byte-level BPE that Qwen2, Qwen2.5 and
 Qwen3 share; ``scripts/fetch-chat-templates.py`` caches it) with the added tokens each release puts after the
 BPE ids (`QWEN_ADDED_TOKENS`), so ids, ``len(tokenizer)`` and the decoding of special tokens are those of the
-published tokenizer. Reading the gguf needs the ``gguf`` package (``pip install gguf``).
+published tokenizer. The Llama 3.x / Hermes 3 tokenizer is rebuilt the same way from llama.cpp's
+``ggml-vocab-llama-bpe.gguf`` (`llama_tokenizer`) and goes with a random-weight ``LlamaForCausalLM`` of
+128,256 rows (`save_llama_standin_model`). Reading a gguf needs the ``gguf`` package (``pip install gguf``).
 """
 
 from __future__ import annotations
@@ -16,14 +18,33 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, assert_never
 
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from mcprl_policy.errors import ModelLoadError
 
-__all__ = ["QWEN_ADDED_TOKENS", "QWEN_VOCAB_ROWS", "QwenRelease", "qwen_tokenizer", "save_standin_model"]
+__all__ = [
+    "LLAMA3_VOCAB_ROWS",
+    "QWEN_ADDED_TOKENS",
+    "QWEN_VOCAB_ROWS",
+    "LlamaRelease",
+    "QwenRelease",
+    "llama_special_tokens",
+    "llama_tokenizer",
+    "qwen_tokenizer",
+    "save_llama_standin_model",
+    "save_standin_model",
+]
 
 QwenRelease = Literal["qwen2.5", "qwen3"]
 """Which release's added tokens the tokenizer gets (both share the BPE ids and the embedding size)."""
@@ -83,14 +104,7 @@ def qwen_tokenizer(gguf_file: Path, *, release: QwenRelease, chat_template: str)
     Raises:
         ModelLoadError: ``gguf`` is not installed, the file does not exist or is not the Qwen2 vocabulary.
     """
-    try:
-        import gguf  # noqa: F401  # pyright: ignore[reportUnusedImport]
-    except ImportError as exc:
-        raise ModelLoadError(
-            "reading a .gguf vocabulary needs the gguf package: pip install gguf (uv sync --group test)"
-        ) from exc
-    if not gguf_file.is_file():
-        raise ModelLoadError(f"{gguf_file} does not exist: scripts/fetch-chat-templates.py caches it")
+    _require_gguf(gguf_file)
     spec = json.loads(_gguf_tokenizer_json(gguf_file.resolve()))
     vocab: dict[str, int] = spec["model"]["vocab"]
     if vocab.get("<|endoftext|>") != _BPE_IDS or len(vocab) != QWEN_VOCAB_ROWS:
@@ -123,6 +137,17 @@ def qwen_tokenizer(gguf_file: Path, *, release: QwenRelease, chat_template: str)
     )
     tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def _require_gguf(gguf_file: Path) -> None:
+    try:
+        import gguf  # noqa: F401  # pyright: ignore[reportUnusedImport]
+    except ImportError as exc:
+        raise ModelLoadError(
+            "reading a .gguf vocabulary needs the gguf package: pip install gguf (uv sync --group test)"
+        ) from exc
+    if not gguf_file.is_file():
+        raise ModelLoadError(f"{gguf_file} does not exist: scripts/fetch-chat-templates.py caches it")
 
 
 @functools.cache
@@ -161,6 +186,178 @@ def save_standin_model(
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+LlamaRelease = Literal["llama3.1", "hermes3"]
+"""Whose names the 256 special tokens get: Meta's Llama 3.1/3.2/3.3 Instruct, or Nous Research's Hermes 3."""
+
+LLAMA3_VOCAB_ROWS: Final = 128_256
+"""Rows of the embedding of every Llama 3.x model and of Hermes 3 (``config.json`` ``vocab_size``)."""
+
+_LLAMA_BPE_IDS: Final = 128_000
+"""Ids ``[0, 128000)`` are the byte-level BPE vocabulary; 256 special tokens follow."""
+
+# Meta's names for ids 128000-128011 in Llama-3.1-8B-Instruct's tokenizer_config.json ("added_tokens_decoder");
+# every other id up to 128255 is <|reserved_special_token_N|> with N = id - 128008.
+_LLAMA31_NAMED: Final = {
+    128_000: "<|begin_of_text|>",
+    128_001: "<|end_of_text|>",
+    128_002: "<|reserved_special_token_0|>",
+    128_003: "<|reserved_special_token_1|>",
+    128_004: "<|finetune_right_pad_id|>",
+    128_005: "<|reserved_special_token_2|>",
+    128_006: "<|start_header_id|>",
+    128_007: "<|end_header_id|>",
+    128_008: "<|eom_id|>",
+    128_009: "<|eot_id|>",
+    128_010: "<|python_tag|>",
+}
+# Hermes 3 (Llama 3.1 base) keeps the 128,256 rows and puts ChatML's markers in reserved slots: its config.json
+# names 128040 as eos_token_id, its special_tokens_map.json <|im_end|> as eos_token. <|im_start|> at 128039 is
+# assumed (Hermes 3's tokenizer_config.json was not available when this was written); the template writes it as
+# one special token either way.
+_HERMES3_CHATML: Final = {128_039: "<|im_start|>", 128_040: "<|im_end|>"}
+
+
+def llama_special_tokens(release: LlamaRelease) -> list[str]:
+    """The contents of ids 128000-128255, in id order, as ``release`` names them."""
+    named = dict(_LLAMA31_NAMED)
+    match release:
+        case "llama3.1":
+            pass
+        case "hermes3":
+            named |= _HERMES3_CHATML
+        case _:
+            assert_never(release)
+    return [
+        named.get(i, f"<|reserved_special_token_{i - 128_008}|>")
+        for i in range(_LLAMA_BPE_IDS, LLAMA3_VOCAB_ROWS)
+    ]
+
+
+def llama_tokenizer(gguf_file: Path, *, release: LlamaRelease, chat_template: str) -> PreTrainedTokenizerFast:
+    """The Llama 3.x (or Hermes 3) tokenizer rebuilt from llama.cpp's ``ggml-vocab-llama-bpe.gguf``.
+
+    The gguf holds Meta's 128,000 BPE ids, the 280,147 merges and 256 special tokens under Llama 3's names;
+    the pipeline around them is Llama 3's ``tokenizer.json``: no normalizer, the Llama 3 split regex, BPE with
+    ``ignore_merges`` (a pre-token that is a whole vocabulary entry is that entry), ``<|begin_of_text|>``
+    prepended when special tokens are added, byte-level decoding.
+
+    Args:
+        gguf_file: ``ggml-vocab-llama-bpe.gguf``.
+        release: Whose special-token names and end-of-turn token the tokenizer gets.
+        chat_template: The chat template, as the vendor publishes it.
+
+    Raises:
+        ModelLoadError: ``gguf`` is not installed, the file does not exist or is not the Llama 3 vocabulary.
+    """
+    _require_gguf(gguf_file)
+    spec = json.loads(_gguf_tokenizer_json(gguf_file.resolve()))
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    if vocab.get("<|begin_of_text|>") != _LLAMA_BPE_IDS or len(vocab) != LLAMA3_VOCAB_ROWS:
+        raise ModelLoadError(f"{gguf_file} is not the Llama 3 vocabulary ({len(vocab)} entries)")
+    spec["model"]["vocab"] = {token: i for token, i in vocab.items() if i < _LLAMA_BPE_IDS}
+    spec["model"]["ignore_merges"] = True
+    spec["added_tokens"] = [
+        {
+            "id": _LLAMA_BPE_IDS + offset,
+            "content": content,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for offset, content in enumerate(llama_special_tokens(release))
+    ]
+    spec["normalizer"] = None
+    spec["post_processor"] = {
+        "type": "Sequence",
+        "processors": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            {
+                "type": "TemplateProcessing",
+                "single": [
+                    {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                    {"Sequence": {"id": "A", "type_id": 0}},
+                ],
+                "pair": [
+                    {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                    {"Sequence": {"id": "A", "type_id": 0}},
+                    {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 1}},
+                    {"Sequence": {"id": "B", "type_id": 1}},
+                ],
+                "special_tokens": {
+                    "<|begin_of_text|>": {
+                        "id": "<|begin_of_text|>",
+                        "ids": [_LLAMA_BPE_IDS],
+                        "tokens": ["<|begin_of_text|>"],
+                    }
+                },
+            },
+        ],
+    }
+    spec["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    from tokenizers import Tokenizer
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+        bos_token="<|begin_of_text|>",
+        eos_token=_LLAMA_EOS[release],
+        model_max_length=131_072,
+        # Meta publishes True; transformers ignores it for BPE tokenizers (with a warning), so False decodes alike.
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+_LLAMA_EOS: Final[dict[LlamaRelease, str]] = {"llama3.1": "<|eot_id|>", "hermes3": "<|im_end|>"}
+
+# generation_config.json "eos_token_id" of Llama-3.1-8B-Instruct and of Hermes-3-Llama-3.1-8B.
+_LLAMA_GENERATION_EOS: Final[dict[LlamaRelease, list[int]]] = {
+    "llama3.1": [128_001, 128_008, 128_009],
+    "hermes3": [128_040],
+}
+
+
+def save_llama_standin_model(
+    directory: Path,
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    release: LlamaRelease,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    seed: int = 0,
+) -> Path:
+    """Save a random-weight ``LlamaForCausalLM`` with ``LLAMA3_VOCAB_ROWS`` rows and ``tokenizer`` to ``directory``.
+
+    The architecture is Llama 3.2 1B's shrunk (tied embeddings, grouped-query attention, RoPE base 500,000);
+    ``generation_config.json`` carries the release's end-of-turn ids, as the published checkpoint's does.
+    """
+    config = LlamaConfig(
+        vocab_size=LLAMA3_VOCAB_ROWS,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=131_072,
+        rope_parameters={"rope_type": "default", "rope_theta": 500_000.0},
+        tie_word_embeddings=True,
+        bos_token_id=_LLAMA_BPE_IDS,
+        eos_token_id=_LLAMA_GENERATION_EOS[release],
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=_LLAMA_BPE_IDS, eos_token_id=_LLAMA_GENERATION_EOS[release]
+    )
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

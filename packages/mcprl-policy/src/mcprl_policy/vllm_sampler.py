@@ -27,6 +27,12 @@ prefilled in chunks it rewinds the request's generator with ``Generator.set_offs
 lack ("CPU Generator does not use offset"); on CPU the seeds are dropped (warned once) and the run is not
 reproducible.
 
+Vocabulary: vLLM samples over every row of the model's output head (Qwen3: 151,936), the tokenizer decodes
+fewer (151,669); as in the HF sampler and the learner (`mcprl_policy.vocab`), a request is bounded to the
+decodable ids with ``SamplingParams.allowed_token_ids`` when the two differ. vLLM masks the other ids before
+sampling and before it computes processed logprobs, so the reported logprobs are normalised over the same ids
+as the learner's.
+
 Logprobs: the engine runs with ``logprobs_mode="processed_logprobs"`` (after temperature and penalties), which
 equals the HF sampler's tempered, untruncated logprobs when ``top_p == 1``, ``top_k == 0`` and no repetition
 penalty; with truncation or a penalty on, vLLM reports logprobs of the processed distribution (a warning says
@@ -55,8 +61,9 @@ from mcprl_policy.decode import end_of_turn_ids
 from mcprl_policy.errors import MissingExtraError, SamplerError
 from mcprl_policy.fingerprint import Fingerprint, weights_fingerprint
 from mcprl_policy.policy import Policy
+from mcprl_policy.vocab import embedding_rows
 
-__all__ = ["VLLMSampler", "request_sampling_kwargs", "require_vllm"]
+__all__ = ["VLLMSampler", "allowed_token_ids", "request_sampling_kwargs", "require_vllm"]
 
 _log = structlog.get_logger()
 
@@ -92,12 +99,29 @@ def check_head_size(head_dim: int, supported: Sequence[int], *, model: str) -> N
         )
 
 
+def allowed_token_ids(policy: Policy) -> list[int] | None:
+    """The ids a request may sample, ``[0, policy.vocab_limit)``, or None when that is every row of the model.
+
+    vLLM's vocabulary is the model's (``config.vocab_size``, the embedding rows); ids past the tokenizer's last
+    one decode to no text (see `mcprl_policy.vocab`).
+    """
+    limit = policy.vocab_limit
+    return list(range(limit)) if limit < embedding_rows(policy.model) else None
+
+
 def request_sampling_kwargs(
-    params: SamplingParams, *, max_tokens: int, seed: int | None, stop_token_ids: Sequence[int]
+    params: SamplingParams,
+    *,
+    max_tokens: int,
+    seed: int | None,
+    stop_token_ids: Sequence[int],
+    allowed_token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     """The keyword arguments of one request's ``vllm.SamplingParams``.
 
     ``seed`` gives the request its own generator in vLLM (independent of the batch); ``None``: the engine's.
+    ``allowed_token_ids`` (from `allowed_token_ids`) is passed on as is, not copied: one list serves every
+    request of a sampler.
     """
     p = params
     return {
@@ -111,6 +135,7 @@ def request_sampling_kwargs(
         "include_stop_str_in_output": True,
         "logprobs": 0,
         "stop_token_ids": list(stop_token_ids),
+        "allowed_token_ids": allowed_token_ids,
         # Stop strings need vLLM's incremental detokenizer; otherwise the text is decoded here once.
         "detokenize": bool(p.stop),
     }
@@ -266,6 +291,7 @@ class VLLMSampler:
         self._engine = engine
         self._vllm = vllm
         self._stop_ids = sorted(end_of_turn_ids(policy.tokenizer, policy.model))
+        self._allowed_ids = allowed_token_ids(policy)
         self._pending: list[_Pending] = []
         self.generate_calls = 0
         self.sync_weights()
@@ -363,7 +389,11 @@ class VLLMSampler:
         params = [
             vllm.SamplingParams(
                 **request_sampling_kwargs(
-                    self.params, max_tokens=r.max_new_tokens, seed=r.seed, stop_token_ids=self._stop_ids
+                    self.params,
+                    max_tokens=r.max_new_tokens,
+                    seed=r.seed,
+                    stop_token_ids=self._stop_ids,
+                    allowed_token_ids=self._allowed_ids,
                 )
             )
             for r in batch

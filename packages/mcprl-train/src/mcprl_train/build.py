@@ -332,7 +332,9 @@ def scripted_demos(config: Config, path: Path, *, required: bool = True) -> list
     needless calls, wrong answers; mistyped tickers retried after the error with `sft.teacher_typos`), the rest
     from `mcprl_tasks.ideal_demo`; both seeded by `run.seed`. Their tool calls are structured `tool_calls`,
     which the model's chat template renders in its own format. The demo tasks are taken in a fixed seeded
-    order, so the demonstration set is the same in every run. The other tasks (a user's own families) are
+    order, so the demonstration set is the same in every run. With ``env.chat_template_kwargs.enable_thinking``
+    true, each assistant turn carries a one-line ``reasoning_content`` (`mcprl_tasks.with_reasoning`), which a
+    thinking template renders as the turn's ``<think>`` block. The other tasks (a user's own families) are
     left to GRPO alone.
 
     Raises:
@@ -362,6 +364,8 @@ def scripted_demos(config: Config, path: Path, *, required: bool = True) -> list
             messages = mcprl_tasks.imperfect_teacher(task, rng, p_typo=config.sft.teacher_typos)
         else:
             messages = mcprl_tasks.ideal_demo(task)
+        if config.env.chat_template_kwargs.get("enable_thinking") is True:
+            messages = mcprl_tasks.with_reasoning(messages)  # rendered in the think block before each turn
         succeeds = bool(mcprl_tasks.demo_succeeds(task, messages))
         out.append(
             Demonstration(task_id=str(task["id"]), messages=messages, succeeds=succeeds, source="scripted")
