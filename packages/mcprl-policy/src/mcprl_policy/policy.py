@@ -12,7 +12,7 @@ import structlog
 import torch
 from torch import nn
 
-from mcprl_policy.config import DType, LoraSettings, Quantization
+from mcprl_policy.config import AttnImplementation, DType, LoraSettings, Quantization
 from mcprl_policy.errors import ModelLoadError, PolicyError
 from mcprl_policy.loading import load_model, load_tokenizer, resolve_model_path
 from mcprl_policy.lora import apply_lora
@@ -74,6 +74,7 @@ class Policy:
         extra_corpus: Sequence[str] = (),
         gradient_checkpointing: bool = False,
         revision: str | None = None,
+        attn_implementation: AttnImplementation = "auto",
     ) -> Policy:
         """Load a policy.
 
@@ -88,17 +89,31 @@ class Policy:
             extra_corpus: more tokenizer training text for the embedded presets.
             gradient_checkpointing: recompute activations in backward.
             revision: hub revision.
+            attn_implementation: attention kernels (`mcprl_policy.attention.resolve_attn_implementation`).
         """
         if quantization is not None and lora is None and not _is_saved_adapter(name_or_path):
             raise PolicyError("4-bit base weights cannot be fully fine-tuned: pass lora=LoraSettings(...)")
         meta = _read_meta(name_or_path)
         if meta is not None and meta.get("lora") is not None:
             policy = cls._load_saved_adapter(
-                Path(name_or_path), meta, value_head=value_head, dtype=dtype, device=device, revision=revision
+                Path(name_or_path),
+                meta,
+                value_head=value_head,
+                dtype=dtype,
+                device=device,
+                revision=revision,
+                attn_implementation=attn_implementation,
             )
         else:
             path = resolve_model_path(name_or_path, extra_corpus=extra_corpus)
-            model = load_model(path, dtype=dtype, device=device, quantization=quantization, revision=revision)
+            model = load_model(
+                path,
+                dtype=dtype,
+                device=device,
+                quantization=quantization,
+                revision=revision,
+                attn_implementation=attn_implementation,
+            )
             if lora is not None:
                 model = apply_lora(model, lora)
             head = _load_or_new_value_head(Path(path), model) if value_head else None
@@ -130,13 +145,18 @@ class Policy:
         dtype: DType,
         device: str,
         revision: str | None,
+        attn_implementation: AttnImplementation,
     ) -> Policy:
         from peft import PeftModel
 
         settings = LoraSettings(**meta["lora"])
         quantization = meta.get("quantization")
         base = load_model(
-            resolve_model_path(meta["base_model"]), dtype=dtype, device=device, quantization=quantization
+            resolve_model_path(meta["base_model"]),
+            dtype=dtype,
+            device=device,
+            quantization=quantization,
+            attn_implementation=attn_implementation,
         )
         model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
         head = _load_or_new_value_head(path, model) if value_head else None

@@ -14,7 +14,7 @@ from attrs import validators as v
 
 from mcprl_grpo.choices import AggregationMode, KLEstimator
 from mcprl_grpo.choices import Estimator as GroupEstimator
-from mcprl_policy.config import DType
+from mcprl_policy.config import AttnImplementation, DType
 from mcprl_train.errors import ConfigError
 
 __all__ = [
@@ -66,6 +66,8 @@ class ModelConfig:
         device: ``"auto"`` (cuda > mps > cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
         gradient_checkpointing: Recompute activations in backward (less memory, ~30% more compute).
         value_head: Attach a scalar value head (needed by the ``gae`` estimator).
+        attn_implementation: Attention kernels; ``auto`` is flash_attention_2 with flash-attn on CUDA, else
+            ``mcprl_varlen_sdpa`` (per-sequence SDPA for the packed layout; `mcprl_policy.attention`).
     """
 
     name: str = attrs.field(default="tiny", validator=v.min_len(1))
@@ -73,6 +75,7 @@ class ModelConfig:
     device: str = attrs.field(default="cpu", validator=_check_device)
     gradient_checkpointing: bool = False
     value_head: bool = True
+    attn_implementation: AttnImplementation = "auto"
 
 
 @attrs.frozen(kw_only=True)
