@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from transformers import AutoTokenizer, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
 from mcprl_policy import UnpackableModelError, build_tiny_model
+from mcprl_policy.loading import load_tokenizer
 from mcprl_train.build import build_policy
 from mcprl_train.config import Config
 from mcprl_train.errors import ConfigError
@@ -34,7 +34,7 @@ def test_an_unknown_attention_implementation_is_a_config_error() -> None:
 def hybrid_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random 2-layer Qwen3.5 (one gated delta net layer, one full attention) with the tiny tokenizer."""
     out = tmp_path_factory.mktemp("qwen3_5")
-    tokenizer = AutoTokenizer.from_pretrained(str(build_tiny_model("tiny", cache_dir=out / "cache")))
+    tokenizer = load_tokenizer(str(build_tiny_model("tiny", cache_dir=out / "cache")))
     config = Qwen3_5TextConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -50,8 +50,8 @@ def hybrid_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         layer_types=["linear_attention", "full_attention"],
         pad_token_id=tokenizer.pad_token_id,
     )
-    torch.manual_seed(0)
-    Qwen3_5ForCausalLM(config).save_pretrained(str(out / "model"))
+    model: Any = Qwen3_5ForCausalLM(config)
+    model.save_pretrained(str(out / "model"))
     tokenizer.save_pretrained(str(out / "model"))
     return out / "model"
 
