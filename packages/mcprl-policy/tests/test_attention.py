@@ -19,6 +19,7 @@ from mcprl_policy import (
     Layout,
     Policy,
     PolicyError,
+    ReferencePolicy,
     SamplingParams,
     UnpackableModelError,
     packed_forward,
@@ -219,10 +220,10 @@ def test_the_sampler_draws_the_same_tokens_with_varlen_sdpa_as_with_sdpa(tiny_di
     assert all(tokens["sdpa"])
 
 
-def _tiny_qwen3_5(implementation: str) -> Qwen3_5ForCausalLM:
+def _tiny_qwen3_5(implementation: str, vocab_size: int = 256) -> Qwen3_5ForCausalLM:
     """A random 4-layer Qwen3.5 text model: gated delta net (linear attention) and full attention alternating."""
     config = Qwen3_5TextConfig(
-        vocab_size=256,
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=4,
@@ -280,6 +281,17 @@ def test_a_hybrid_model_padded_equals_each_sequence_alone_with_gradients() -> No
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
     for a, b in zip(together_grads, alone_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_the_reference_of_a_hybrid_model_runs_padded_and_equals_each_sequence_alone(tiny_dir: Path) -> None:
+    tokenizer = Policy.from_pretrained(str(tiny_dir), value_head=False).tokenizer
+    model = _tiny_qwen3_5(VARLEN_SDPA, vocab_size=len(tokenizer))
+    policy = Policy(model=model, tokenizer=tokenizer, value_head=None, base_model="random qwen3.5")
+    reference = ReferencePolicy.for_policy(policy)
+    seqs = _seqs(policy, [9, 4, 15])
+    together = reference.logprobs(seqs, temperature=0.9).logprobs
+    alone = torch.cat([reference.logprobs([s], temperature=0.9).logprobs for s in seqs])
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.gpu

@@ -36,6 +36,7 @@ __all__ = [
     "VARLEN_IMPLEMENTATIONS",
     "VARLEN_SDPA",
     "check_packable",
+    "is_packable",
     "resolve_attn_implementation",
     "uses_varlen",
     "varlen_sdpa_attention",
@@ -163,20 +164,26 @@ def uses_varlen(model: nn.Module) -> bool:
     return getattr(config, "_attn_implementation", None) in VARLEN_IMPLEMENTATIONS
 
 
-def check_packable(model: nn.Module) -> None:
-    """Refuse models whose layers carry state along the row (linear attention), which packing would leak.
+def is_packable(model: nn.Module) -> bool:
+    """Whether ``model`` can run several sequences packed in one row: no layer carries state along the row.
 
     transformers' torch kernels for gated delta nets (``torch_chunk_gated_delta_rule``, ``causal_conv1d_fn``)
     ignore ``cu_seq_lens``: the recurrent state and the short convolution run on from one packed sequence into
-    the next.
-
-    Raises:
-        UnpackableModelError: naming the layer type and the padded layout to use instead.
+    the next, so models with linear-attention layers are not packable.
     """
     config = getattr(model, "config", None)
     text_config = getattr(config, "text_config", None) or config
     layer_types = getattr(text_config, "layer_types", None) or ()
-    if LINEAR_ATTENTION_LAYER in layer_types:
+    return LINEAR_ATTENTION_LAYER not in layer_types
+
+
+def check_packable(model: nn.Module) -> None:
+    """Refuse models that `is_packable` rejects.
+
+    Raises:
+        UnpackableModelError: naming the layer type and the padded layout to use instead.
+    """
+    if not is_packable(model):
         raise UnpackableModelError(
             f"{type(model).__name__} has {LINEAR_ATTENTION_LAYER!r} layers whose recurrent state would leak from "
             "one packed sequence into the next: use the padded layout (optim.layout: padded)"

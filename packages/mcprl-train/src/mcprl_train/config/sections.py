@@ -338,8 +338,8 @@ class OptimConfig:
     """AdamW, its schedule and gradient handling.
 
     ``micro_batch_tokens`` bounds one forward/backward (gradient accumulation over micro-batches);
-    ``layout`` is ``packed`` (one row, block-diagonal mask: GPUs with varlen attention) or ``padded``
-    (length-sorted right-padded rows: cheaper on CPU, see `mcprl_train.forward`); ``logits_chunk_size`` is
+    ``layout`` is ``packed`` (one row per micro-batch, varlen attention per `model.attn_implementation`; not for
+    models with linear-attention layers) or ``padded`` (length-sorted right-padded rows); ``logits_chunk_size`` is
     how many token rows get their vocabulary logits at once (peak logits memory ∝ rows × vocabulary).
     """
 
