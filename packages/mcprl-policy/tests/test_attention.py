@@ -17,6 +17,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from mcprl_policy import (
     HFSampler,
     Layout,
+    LoraSettings,
     Policy,
     PolicyError,
     ReferencePolicy,
@@ -146,10 +147,14 @@ def test_policies_load_with_varlen_sdpa_by_default(tiny_dir: Path) -> None:
     assert Policy.from_pretrained(str(tiny_dir)).model.config._attn_implementation == VARLEN_SDPA  # pyright: ignore[reportAttributeAccessIssue]
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora+checkpointing"])
 def test_packed_forward_gives_the_kernel_boundaries_and_no_mask(
-    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch, lora: bool
 ) -> None:
-    policy = Policy.from_pretrained(str(tiny_dir), value_head=False)
+    policy = Policy.from_pretrained(
+        str(tiny_dir), value_head=False, lora=LoraSettings(r=4) if lora else None, gradient_checkpointing=lora
+    )
+    policy.train()
     calls: list[tuple[bool, list[int]]] = []
 
     def recording(
@@ -161,7 +166,7 @@ def test_packed_forward_gives_the_kernel_boundaries_and_no_mask(
 
     monkeypatch.setitem(AttentionInterface._global_mapping, VARLEN_SDPA, recording)
     packed_forward(policy.model, _seqs(policy, [5, 9, 3]))
-    model: Any = policy.model
+    model: Any = policy.model.get_base_model() if lora else policy.model  # pyright: ignore[reportCallIssue]
     assert calls == [(True, [0, 5, 14, 17])] * len(model.model.layers)
 
 
