@@ -9,8 +9,22 @@ import importlib
 from typing import TYPE_CHECKING
 
 from mcprl_policy.completion import Completion, FinishReason
-from mcprl_policy.config import DType, LoraSettings, Precision, PrecisionName, Quantization, SamplingParams
-from mcprl_policy.errors import MissingExtraError, ModelLoadError, PolicyError, SamplerError
+from mcprl_policy.config import (
+    AttnImplementation,
+    DType,
+    LoraSettings,
+    Precision,
+    PrecisionName,
+    Quantization,
+    SamplingParams,
+)
+from mcprl_policy.errors import (
+    MissingExtraError,
+    ModelLoadError,
+    PolicyError,
+    SamplerError,
+    UnpackableModelError,
+)
 from mcprl_policy.sampler import PolicySampler
 
 if TYPE_CHECKING:
@@ -24,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TINY_PRESETS",
+    "AttnImplementation",
     "Completion",
     "DType",
     "FinishReason",
@@ -44,6 +59,7 @@ __all__ = [
     "SamplerError",
     "SamplingParams",
     "TinyPreset",
+    "UnpackableModelError",
     "ValueHead",
     "build_tiny_model",
     "mcprl_cache_dir",

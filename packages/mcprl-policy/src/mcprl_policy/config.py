@@ -7,8 +7,19 @@ from typing import Literal
 import attrs
 from attrs import validators as v
 
-__all__ = ["DType", "LoraSettings", "Precision", "PrecisionName", "Quantization", "SamplingParams"]
+__all__ = [
+    "AttnImplementation",
+    "DType",
+    "LoraSettings",
+    "Precision",
+    "PrecisionName",
+    "Quantization",
+    "SamplingParams",
+]
 
+AttnImplementation = Literal["auto", "flash_attention_2", "mcprl_varlen_sdpa", "sdpa", "eager"]
+"""Attention kernels: ``auto`` is flash_attention_2 with flash-attn on CUDA, else ``mcprl_varlen_sdpa`` (per-sequence
+SDPA for packed rows, plain SDPA otherwise; `mcprl_policy.attention`); the others load as named."""
 DType = Literal["float32", "bfloat16", "float16"]
 Quantization = Literal["nf4", "fp4"]
 PrecisionName = Literal["fp32", "bf16-mixed", "bf16-true"]

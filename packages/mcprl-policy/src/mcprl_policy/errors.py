@@ -7,6 +7,7 @@ __all__ = [
     "ModelLoadError",
     "PolicyError",
     "SamplerError",
+    "UnpackableModelError",
 ]
 
 
@@ -24,3 +25,7 @@ class MissingExtraError(PolicyError, ImportError):
 
 class SamplerError(PolicyError, RuntimeError):
     """A generation request could not be served (bad prompt, sampler closed, backend failure)."""
+
+
+class UnpackableModelError(PolicyError, ValueError):
+    """The model cannot run several sequences packed in one row (recurrent state would leak across them)."""

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from mcprl_policy.config import DType, Quantization
+from mcprl_policy.attention import resolve_attn_implementation
+from mcprl_policy.config import AttnImplementation, DType, Quantization
 from mcprl_policy.errors import ModelLoadError, PolicyError
 from mcprl_policy.quantization import four_bit_config
 from mcprl_policy.tiny import build_tiny_model, is_tiny_name
@@ -62,9 +63,17 @@ def load_model(
     device: str = "cpu",
     quantization: Quantization | None = None,
     revision: str | None = None,
+    attn_implementation: AttnImplementation = "auto",
 ) -> PreTrainedModel:
-    """Load a causal LM from ``path`` in ``dtype`` on ``device``, optionally with 4-bit linear weights."""
-    kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype), "revision": revision}
+    """Load a causal LM from ``path`` in ``dtype`` on ``device``, optionally with 4-bit linear weights.
+
+    ``attn_implementation`` picks the attention kernels (`mcprl_policy.attention.resolve_attn_implementation`).
+    """
+    kwargs: dict[str, Any] = {
+        "dtype": torch_dtype(dtype),
+        "revision": revision,
+        "attn_implementation": resolve_attn_implementation(attn_implementation, device),
+    }
     if quantization is not None:
         kwargs["quantization_config"] = four_bit_config(quantization, compute_dtype=torch_dtype(dtype))
         kwargs["device_map"] = {"": device}

@@ -1,8 +1,11 @@
 """Training forward over packed (unpadded) sequences: per-token logprobs, entropies and values.
 
-All sequences go into one row; ``position_ids`` restart at 0 for each sequence and no 2-D attention mask is
-passed, which makes transformers build a block-diagonal causal mask (``find_packed_sequence_indices``) for
-the sdpa and eager kernels and use varlen kernels for flash-attention. Logits are produced chunk by chunk
+All sequences go into one row with ``position_ids`` restarting at 0 for each sequence. A model loaded with a
+varlen implementation (`mcprl_policy.attention`: flash-attention-2, or per-sequence SDPA on CPU) gets the
+sequences' boundaries as ``cu_seq_lens`` and attends within each sequence only; with ``sdpa`` or ``eager``
+no 2-D attention mask is passed, which makes transformers build a block-diagonal causal mask
+(``find_packed_sequence_indices``, O(N²) work). Models with linear-attention layers are refused
+(`check_packable`). Logits are produced chunk by chunk
 over the tokens (each chunk recomputed in backward), so a 150k vocabulary never materialises
 ``N × V`` logits at once.
 """
@@ -16,6 +19,8 @@ import attrs
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from mcprl_policy.attention import check_packable, uses_varlen
 
 __all__ = [
     "PackedBatch",
@@ -116,6 +121,9 @@ def token_logprobs_and_entropy(
         entropy = -(logp.exp() * logp).sum(-1)
         return logits.gather(-1, t[:, None]).squeeze(-1) - log_z, entropy
 
+    if hidden.shape[0] == 0:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty.clone()
     logprobs, entropies = [], []
     for start in range(0, hidden.shape[0], chunk_size):
         h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
@@ -156,12 +164,16 @@ def packed_forward(
 
     ``vocab_limit`` restricts the distribution to ids ``[0, vocab_limit)`` (see `token_logprobs_and_entropy`).
     """
+    check_packable(model)
     device = next(model.parameters()).device
     batch = pack_sequences(sequences, device=device)
     check_token_ids(model, batch.input_ids)
     backbone, lm_head = backbone_and_head(model)
     hidden = backbone(
-        input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False
+        input_ids=batch.input_ids,
+        position_ids=batch.position_ids,
+        use_cache=False,
+        **_boundaries(model, batch),
     ).last_hidden_state[0]
     n = hidden.shape[0]
     starts = batch.cu_seqlens[:-1].long()
@@ -187,6 +199,25 @@ def packed_forward(
     return PackedForward(
         logprobs=logprobs, entropies=entropies, values=values, valid=valid, seq_lens=batch.seq_lens
     )
+
+
+def _boundaries(model: nn.Module, batch: PackedBatch) -> dict[str, torch.Tensor | int]:
+    """The backbone's keyword arguments that keep attention inside each packed sequence.
+
+    For varlen implementations: the cumulative lengths (transformers' ``FlashAttentionKwargs``) and an all-ones
+    2-D mask, which stops transformers from building the block-diagonal mask it would derive from the
+    restarting positions (with no padding, the mask builders then return no mask at all).
+    """
+    if not uses_varlen(model):
+        return {}
+    longest = max(batch.seq_lens)
+    return {
+        "attention_mask": torch.ones_like(batch.input_ids),
+        "cu_seq_lens_q": batch.cu_seqlens,
+        "cu_seq_lens_k": batch.cu_seqlens,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
 
 
 def backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:

@@ -1,11 +1,12 @@
 """The training forward in one of two layouts, returning `PackedForward` either way.
 
-- ``packed``: `Policy.forward_packed` — every sequence in one row with restarting positions and a
-  block-diagonal causal mask. Right for GPUs (flash-attention varlen kernels skip the masked blocks).
-- ``padded``: right-padded rows of similar length with an attention mask. On CPU the sdpa kernels compute the
-  full ``N x N`` scores of a packed row (the block-diagonal mask only zeroes them), so for many short
-  sequences padding to the longest of a length-sorted micro-batch is several times cheaper (measured on the
-  demo's episodes; see benchmarks/RESULTS.md).
+- ``packed``: `Policy.forward_packed` — every sequence in one row with restarting positions; with a varlen
+  attention implementation (`mcprl_policy.attention`: flash-attention-2 on CUDA, per-sequence SDPA otherwise)
+  no token is padding and attention costs O(Σ nᵢ²). With plain ``sdpa``/``eager`` it falls back to a
+  block-diagonal mask over the whole row (O(N²)). Not for models with linear-attention layers.
+- ``padded``: right-padded rows of similar length with an attention mask: the padding is computed and thrown
+  away, but any model runs it (measured against packed on the demo's length mix: benchmarks/RESULTS.md,
+  bench_sampler).
 
 Both give, for each sequence, the logprob/entropy of token ``i`` given tokens ``< i`` (0 at the first
 token), and values of the prefix when a value head is present.
@@ -45,7 +46,7 @@ def policy_forward(
         sequences: token ids, one non-empty sequence each.
         temperature: divides the logits; must equal the sampler's so that ratios start at 1.
         values: also compute values (when the policy has a value head).
-        layout: ``packed`` (one row, block-diagonal mask) or ``padded`` (right-padded rows).
+        layout: ``packed`` (one row, varlen attention) or ``padded`` (right-padded rows).
     """
     match layout:
         case "packed":

@@ -13,7 +13,7 @@ import structlog
 import torch
 from torch import nn
 
-from mcprl_policy.config import DType, LoraSettings, Precision, Quantization
+from mcprl_policy.config import AttnImplementation, DType, LoraSettings, Precision, Quantization
 from mcprl_policy.errors import ModelLoadError, PolicyError
 from mcprl_policy.loading import load_model, load_tokenizer, resolve_model_path
 from mcprl_policy.lora import apply_lora
@@ -79,6 +79,7 @@ class Policy:
         extra_corpus: Sequence[str] = (),
         gradient_checkpointing: bool = False,
         revision: str | None = None,
+        attn_implementation: AttnImplementation = "auto",
     ) -> Policy:
         """Load a policy.
 
@@ -95,6 +96,7 @@ class Policy:
             extra_corpus: more tokenizer training text for the embedded presets.
             gradient_checkpointing: recompute activations in backward.
             revision: hub revision.
+            attn_implementation: attention kernels (`mcprl_policy.attention.resolve_attn_implementation`).
         """
         if quantization is not None and lora is None and not _is_saved_adapter(name_or_path):
             raise PolicyError("4-bit base weights cannot be fully fine-tuned: pass lora=LoraSettings(...)")
@@ -109,13 +111,19 @@ class Policy:
                 precision=precision,
                 device=device,
                 revision=revision,
+                attn_implementation=attn_implementation,
             )
         else:
             path = resolve_model_path(name_or_path, extra_corpus=extra_corpus)
             # Every weight of a full fine-tune trains: it loads in the trainables' dtype.
             load_dtype = precision.param_dtype if lora is None else precision.dtype
             model = load_model(
-                path, dtype=load_dtype, device=device, quantization=quantization, revision=revision
+                path,
+                dtype=load_dtype,
+                device=device,
+                quantization=quantization,
+                revision=revision,
+                attn_implementation=attn_implementation,
             )
             if lora is not None:
                 model = apply_lora(model, lora)
@@ -151,6 +159,7 @@ class Policy:
         precision: Precision,
         device: str,
         revision: str | None,
+        attn_implementation: AttnImplementation,
     ) -> Policy:
         from peft import PeftModel
 
@@ -161,6 +170,7 @@ class Policy:
             dtype=precision.dtype,
             device=device,
             quantization=quantization,
+            attn_implementation=attn_implementation,
         )
         model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
         cast_trainable(model, precision)

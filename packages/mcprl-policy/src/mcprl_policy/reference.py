@@ -19,9 +19,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from mcprl_policy.attention import is_packable
 from mcprl_policy.errors import PolicyError
 from mcprl_policy.loading import torch_dtype
 from mcprl_policy.packed import PackedForward, packed_forward
+from mcprl_policy.padded import padded_forward
 from mcprl_policy.policy import Policy
 
 __all__ = ["ReferencePolicy"]
@@ -56,22 +58,31 @@ class ReferencePolicy:
     @torch.no_grad()
     def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> PackedForward:
         """Per-token reference logprobs and entropies of packed ``sequences`` (no values, no autograd)."""
-        chunk, limit = self.policy.logits_chunk_size, self.policy.vocab_limit
         if self.frozen is not None:
             with self.policy.autocast():
-                return packed_forward(
-                    self.frozen, sequences, temperature=temperature, chunk_size=chunk, vocab_limit=limit
-                )
+                return self._forward(self.frozen, sequences, temperature)
         model = self.policy.model
         was_training = model.training
         model.eval()
         try:
             with model.disable_adapter(), self.policy.autocast():  # pyright: ignore[reportCallIssue, reportAttributeAccessIssue]
-                return packed_forward(
-                    model, sequences, temperature=temperature, chunk_size=chunk, vocab_limit=limit
-                )
+                return self._forward(model, sequences, temperature)
         finally:
             model.train(was_training)
+
+    def _forward(
+        self, model: nn.Module, sequences: Sequence[Sequence[int]], temperature: float
+    ) -> PackedForward:
+        """Packed when the model allows it (`is_packable`), else padded rows: the same per-token results."""
+        chunk, limit = self.policy.logits_chunk_size, self.policy.vocab_limit
+        if is_packable(model):
+            return packed_forward(
+                model, sequences, temperature=temperature, chunk_size=chunk, vocab_limit=limit
+            )
+        pad = int(self.policy.tokenizer.pad_token_id or 0)
+        return padded_forward(
+            model, sequences, temperature=temperature, chunk_size=chunk, pad_token_id=pad, vocab_limit=limit
+        )
 
     @torch.no_grad()
     def update(self, *, ema: float) -> None:

@@ -54,7 +54,12 @@ def build_policy(config: Config, *, source: str | None = None) -> Policy:
         master_weights=config.model.master_weights and config.distributed.backend == "none",
         device=device,
         gradient_checkpointing=config.model.gradient_checkpointing,
+        attn_implementation=config.model.attn_implementation,
     )
+    if config.optim.layout == "packed":
+        from mcprl_policy.attention import check_packable
+
+        check_packable(policy.model)
     policy.logits_chunk_size = config.optim.logits_chunk_size
     return policy
 

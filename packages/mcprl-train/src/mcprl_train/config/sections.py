@@ -14,7 +14,7 @@ from attrs import validators as v
 
 from mcprl_grpo.choices import AggregationMode, KLEstimator
 from mcprl_grpo.choices import Estimator as GroupEstimator
-from mcprl_policy.config import DType, Precision
+from mcprl_policy.config import AttnImplementation, DType, Precision
 from mcprl_train.errors import ConfigError
 
 __all__ = [
@@ -71,6 +71,8 @@ class ModelConfig:
         device: ``"auto"`` (cuda > mps > cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
         gradient_checkpointing: Recompute activations in backward (less memory, ~30% more compute).
         value_head: Attach a scalar value head (needed by the ``gae`` estimator).
+        attn_implementation: Attention kernels; ``auto`` is flash_attention_2 with flash-attn on CUDA, else
+            ``mcprl_varlen_sdpa`` (per-sequence SDPA for the packed layout; `mcprl_policy.attention`).
     """
 
     name: str = attrs.field(default="tiny", validator=v.min_len(1))
@@ -79,6 +81,7 @@ class ModelConfig:
     device: str = attrs.field(default="cpu", validator=_check_device)
     gradient_checkpointing: bool = False
     value_head: bool = True
+    attn_implementation: AttnImplementation = "auto"
 
     def __attrs_post_init__(self) -> None:
         try:
@@ -370,8 +373,8 @@ class OptimConfig:
     """AdamW, its schedule and gradient handling.
 
     ``micro_batch_tokens`` bounds one forward/backward (gradient accumulation over micro-batches);
-    ``layout`` is ``packed`` (one row, block-diagonal mask: GPUs with varlen attention) or ``padded``
-    (length-sorted right-padded rows: cheaper on CPU, see `mcprl_train.forward`); ``logits_chunk_size`` is
+    ``layout`` is ``packed`` (one row per micro-batch, varlen attention per `model.attn_implementation`; not for
+    models with linear-attention layers) or ``padded`` (length-sorted right-padded rows); ``logits_chunk_size`` is
     how many token rows get their vocabulary logits at once (peak logits memory ∝ rows × vocabulary).
     """
 
