@@ -88,7 +88,7 @@ def _next_turn(policy: Policy, prompt: list[int], completion: Sequence[int], i: 
 
 def _generate_alone(model: PreTrainedModel, prompt: list[int], n: int, stop: int) -> list[int]:
     """transformers' greedy ``generate`` on one unpadded prompt, stopping at ``stop`` as the engine does."""
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     with torch.no_grad():
         out = model.generate(  # pyright: ignore[reportCallIssue]
             ids,
@@ -295,3 +295,38 @@ def test_linear_attention_of_an_unverified_model_type_is_refused() -> None:
     )
     with pytest.raises(SamplerError, match=r"linear-attention layers only in .*'qwen3_next'"):
         _build_engine(Qwen3NextForCausalLM(config))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_hybrid_sampler_on_cuda_equals_generate_and_the_learners_logprobs(hybrid_dir: Path) -> None:
+    """On CUDA transformers may use the fla / causal-conv1d kernels when installed; the engine's cache handling
+    must agree with them as with the PyTorch reference."""
+    policy = Policy.from_pretrained(str(hybrid_dir), device="cuda")
+    engine = _engine(policy, max_batch_size=3, prefix_cache_bytes=2**26)
+    prompts = _prompts(policy, 5)
+    first = [DecodeRequest(prompt_ids=p, max_new_tokens=4 + i) for i, p in enumerate(prompts)]
+    _run(engine, first, join_after=2)
+    second = [
+        DecodeRequest(prompt_ids=_next_turn(policy, r.prompt_ids, r.token_ids, i), max_new_tokens=6)
+        for i, r in enumerate(first)
+    ]
+    _run(engine, second, join_after=3)
+    assert engine.stats.prefix_hits == 5
+    stop = _stop(policy)
+    for request in [*first, *second]:
+        assert request.token_ids == _generate_alone(
+            _hybrid(policy), request.prompt_ids, request.max_new_tokens, stop
+        )
+    with torch.no_grad():
+        out = policy_forward(
+            policy,
+            [r.prompt_ids + r.token_ids for r in second],
+            temperature=1.0,
+            values=False,
+            layout="padded",
+        )
+    for request, logprobs in zip(second, out.split("logprobs"), strict=True):
+        torch.testing.assert_close(
+            logprobs[len(request.prompt_ids) :].cpu(), torch.tensor(request.logprobs), atol=2e-3, rtol=0.0
+        )
