@@ -7,13 +7,18 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mcprl_policy.cache_rows import AttentionRow, RecurrentRow
 from mcprl_policy.fingerprint import weights_fingerprint
 from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache
 
 
 def _kv(n: int, layers: int = 2) -> CachedPrefix:
+    """Attention layers (keys/values of ``n`` positions) and, as in a hybrid model, one recurrent layer."""
     t = torch.arange(n, dtype=torch.float32).reshape(1, n, 1).expand(2, n, 4).clone()
-    return CachedPrefix(keys=(t,) * layers, values=(t + 0.5,) * layers)
+    recurrent = RecurrentRow(conv=torch.ones(6, 4), recurrent=torch.ones(2, 3, 3))
+    return CachedPrefix(
+        layers=(recurrent, *(AttentionRow(keys=t, values=t + 0.5) for _ in range(layers))), length=n
+    )
 
 
 def test_lookup_returns_the_longest_proper_prefix_and_keeps_it() -> None:
@@ -49,8 +54,11 @@ def test_a_zero_budget_stores_nothing_and_a_length_mismatch_is_refused() -> None
     cache = PrefixCache(max_bytes=0)
     cache.put([1, 2], _kv(2))
     assert len(cache) == 0
-    with pytest.raises(ValueError, match="KV of 3 tokens stored under 2"):
-        PrefixCache(max_bytes=100).put([1, 2], _kv(3))
+    with pytest.raises(ValueError, match="state of 3 tokens stored under 2"):
+        PrefixCache(max_bytes=10**6).put([1, 2], _kv(3))
+    keys = torch.zeros(2, 3, 4)
+    with pytest.raises(ValueError, match="keys of 3 positions in a prefix of 2 tokens"):
+        CachedPrefix(layers=(AttentionRow(keys=keys, values=keys),), length=2)
     with pytest.raises(ValueError, match="max_bytes"):
         PrefixCache(max_bytes=-1)
 
@@ -90,3 +98,8 @@ def test_lookup_agrees_with_a_linear_scan(stored: list[list[int]], prompt: list[
         assert hit.length == max(len(k) for k in proper)
     assert len(cache) == len(keys)
     assert cache.nbytes == sum(_kv(len(k)).nbytes for k in keys)
+
+
+def test_an_entrys_size_counts_attention_and_recurrent_layers() -> None:
+    entry = _kv(5, layers=2)
+    assert entry.nbytes == 4 * (2 * 2 * (2 * 5 * 4) + 6 * 4 + 2 * 3 * 3)  # float32: 2 layers x (keys, values)

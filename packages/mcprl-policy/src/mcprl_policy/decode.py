@@ -6,7 +6,8 @@ waiting requests between steps (their prompts are prefilled as one batch and the
 into the running cache), drops finished or cancelled rows, and returns as soon as at least one request has
 finished, so the async side can hand results out while generation of the others continues. With a prefix
 cache (`mcprl_policy.prefix_cache`), a prompt that extends an earlier request's prompt and completion (the
-next turn of an episode) prefills only its new tokens.
+next turn of an episode) prefills only its new tokens. Full-attention and linear-attention (Qwen3.5) layers
+are batched row by row (`mcprl_policy.cache_rows`); other cache layers are refused when the engine is built.
 """
 
 from __future__ import annotations
@@ -21,8 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
+from mcprl_policy.cache_rows import (
+    cache_from_rows,
+    check_supported,
+    concat_rows,
+    has_recurrent_layers,
+    pad_left,
+    row_state,
+    select_rows,
+)
 from mcprl_policy.config import SamplingParams
 from mcprl_policy.fingerprint import weights_fingerprint
 from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache
@@ -70,7 +79,8 @@ class DecodeEngine:
     """Continuous-batching decode state for one causal LM (not thread-safe: one driver at a time).
 
     Args:
-        model: a causal LM (plain or peft) returning ``logits`` and ``past_key_values``.
+        model: a causal LM (plain or peft) returning ``logits`` and ``past_key_values``, whose layers are full
+            or linear attention (`mcprl_policy.cache_rows.check_supported`).
         params: sampling parameters.
         stop_token_ids: ids that end a row (the end-of-turn id; kept in the row's tokens).
         pad_token_id: id used for left padding (masked out).
@@ -80,6 +90,9 @@ class DecodeEngine:
         vocab_limit: ids ``>= vocab_limit`` are never sampled and the reported logprobs are normalised over
             ``[0, vocab_limit)`` (`Policy.vocab_limit`: the ids the tokenizer can decode); ``None``: every
             row of the output embedding.
+
+    Raises:
+        SamplerError: the model's cache has layers the engine cannot batch (sliding window, ...).
     """
 
     def __init__(
@@ -96,7 +109,11 @@ class DecodeEngine:
     ) -> None:
         if vocab_limit is not None and vocab_limit < 1:
             raise ValueError(f"vocab_limit must be >= 1, got {vocab_limit}")
+        check_supported(model)
         self.model = model
+        # A recurrent state resumes only right after its last token: cached prefixes are never padded apart
+        # from their continuations, so continuations of different lengths prefill separately.
+        self._recurrent = has_recurrent_layers(model)
         self.vocab_limit = vocab_limit
         self.prefix = PrefixCache(prefix_cache_bytes)
         self.params = params
@@ -203,9 +220,20 @@ class DecodeEngine:
                 cached.append((request, hit))
         if fresh:
             self._merge(self._prefill(fresh, device))
-        if cached:
-            self._merge(self._prefill_cached(cached, device))
+        for group in self._cached_groups(cached):
+            self._merge(self._prefill_cached(group, device))
         return self._finish_rows()
+
+    def _cached_groups(
+        self, hits: list[tuple[DecodeRequest, CachedPrefix]]
+    ) -> list[list[tuple[DecodeRequest, CachedPrefix]]]:
+        """Prefix hits batched into one prefill each: all together, or by new-token count for recurrent models."""
+        if not self._recurrent or len(hits) < 2:
+            return [hits] if hits else []
+        groups: dict[int, list[tuple[DecodeRequest, CachedPrefix]]] = {}
+        for request, prefix in hits:
+            groups.setdefault(len(request.prompt_ids) - prefix.length, []).append((request, prefix))
+        return list(groups.values())
 
     def _prefill(self, new: list[DecodeRequest], device: torch.device) -> _State:
         """Prefill whole prompts (left-padded) and sample each row's first token."""
@@ -257,11 +285,7 @@ class DecodeEngine:
         ids = torch.tensor(ids_rows, dtype=torch.long, device=device)
         mask = torch.tensor(mask_rows, dtype=torch.long, device=device)
         positions = torch.tensor(position_rows, dtype=torch.long, device=device)
-        cache = DynamicCache(config=getattr(self.model, "config", None))
-        for layer in range(len(hits[0][1].keys)):
-            keys = torch.stack([_pad_left(p.keys[layer], cached, dim=1) for _, p in hits])
-            values = torch.stack([_pad_left(p.values[layer], cached, dim=1) for _, p in hits])
-            cache.update(keys.to(device), values.to(device), layer)
+        cache = cache_from_rows(self.model, [p.layers for _, p in hits], width=cached, device=device)
         out = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
         self.stats.prefill_calls += 1
         self.stats.prefill_rows += len(hits)
@@ -367,18 +391,15 @@ class DecodeEngine:
         return finished
 
     def _store_prefixes(self) -> None:
-        """Keep each finished row's KV (prompt + all generated tokens but the last, which was never fed)."""
-        layers = _layers(self._cache)
+        """Keep each finished row's state (prompt + all generated tokens but the last, which was never fed)."""
         for i, request in enumerate(self._rows):
             if request.finish_reason is None:
                 continue
+            consumed = [*request.prompt_ids, *request.token_ids[:-1]]
             columns = self._mask[i].nonzero().squeeze(-1)
             self.prefix.put(
-                [*request.prompt_ids, *request.token_ids[:-1]],
-                CachedPrefix(
-                    keys=tuple(layer.keys[i].index_select(1, columns) for layer in layers),
-                    values=tuple(layer.values[i].index_select(1, columns) for layer in layers),
-                ),
+                consumed,
+                CachedPrefix(layers=row_state(self._cache, i, columns), length=len(consumed)),
             )
 
     def _hit_stop_string(self, request: DecodeRequest) -> bool:
@@ -404,9 +425,7 @@ class DecodeEngine:
         # Columns that are padding in every remaining row are dead weight: trim them.
         first = int(self._mask.any(0).nonzero()[0])
         self._mask = self._mask[:, first:]
-        for layer in _layers(self._cache):
-            layer.keys = layer.keys[index, :, first:]
-            layer.values = layer.values[index, :, first:]
+        select_rows(self._cache, index, first_column=first)
 
     def _merge(self, other: _State) -> None:
         if not self._rows:
@@ -414,14 +433,8 @@ class DecodeEngine:
             self._positions, self._last, self._seen = other.positions, other.last, other.seen
         else:
             width = max(self._mask.shape[1], other.mask.shape[1])
-            self._mask = torch.cat([_pad_left(self._mask, width), _pad_left(other.mask, width)])
-            for mine, theirs in zip(_layers(self._cache), _layers(other.cache), strict=True):
-                mine.keys = torch.cat(
-                    [_pad_left(mine.keys, width, dim=2), _pad_left(theirs.keys, width, dim=2)]
-                )
-                mine.values = torch.cat(
-                    [_pad_left(mine.values, width, dim=2), _pad_left(theirs.values, width, dim=2)]
-                )
+            self._mask = torch.cat([pad_left(self._mask, width), pad_left(other.mask, width)])
+            concat_rows(self._cache, other.cache, width=width)
             self._rows = [*self._rows, *other.rows]
             self._positions = torch.cat([self._positions, other.positions])
             self._last = torch.cat([self._last, other.last])
@@ -438,25 +451,6 @@ class _State:
     positions: torch.Tensor
     last: torch.Tensor
     seen: torch.Tensor | None
-
-
-def _layers(cache: Any) -> list[Any]:
-    layers: list[Any] = list(getattr(cache, "layers", []))
-    for layer in layers:
-        if type(layer) is not DynamicLayer:
-            raise TypeError(
-                f"continuous batching supports full-attention DynamicLayer caches, got {type(layer)}"
-            )
-    return layers
-
-
-def _pad_left(tensor: torch.Tensor, width: int, *, dim: int = 1) -> torch.Tensor:
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 def _truncated_probs(scores: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:

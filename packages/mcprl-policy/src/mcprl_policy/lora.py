@@ -13,6 +13,12 @@ __all__ = ["apply_lora", "lora_target_modules"]
 
 _ATTN_MLP: Final = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
+# Qwen3.5's linear-attention layers (``Qwen3_5GatedDeltaNet``): the q/k/v input projection, the output gate's
+# projection, the delta rule's beta and decay projections, and the output projection. Every linear layer of the
+# decoder is adapted, as peft's "all-linear" would. vLLM's Qwen3.5 maps these names (in_proj_qkv and in_proj_z
+# kept unfused when LoRA is enabled, in_proj_b and in_proj_a packed as in_proj_ba).
+_GATED_DELTA_NET: Final = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+
 # Decoder families whose attention and MLP projections carry these names.
 _TARGETS_BY_MODEL_TYPE: Final[dict[str, tuple[str, ...]]] = {
     name: _ATTN_MLP
@@ -34,6 +40,8 @@ _TARGETS_BY_MODEL_TYPE: Final[dict[str, tuple[str, ...]]] = {
         "smollm3",
     )
 }
+# Hybrid decoders: full-attention and MLP projections plus those of their linear-attention layers.
+_TARGETS_BY_MODEL_TYPE.update(dict.fromkeys(("qwen3_5", "qwen3_5_text"), (*_ATTN_MLP, *_GATED_DELTA_NET)))
 
 
 def lora_target_modules(model_type: str, settings: LoraSettings) -> tuple[str, ...]:

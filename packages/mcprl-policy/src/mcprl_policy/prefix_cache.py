@@ -2,9 +2,11 @@
 
 An episode's next prompt is its previous prompt, the tokens the sampler generated and the tokens the
 environment appended (token-in/token-out: never re-tokenised). Without reuse every turn prefills the whole
-conversation again. `PrefixCache` keeps, for each finished request, the keys and values of the tokens whose KV
-was computed (the prompt and every generated token but the last) under those token ids; a later request whose
-prompt starts with such a sequence reuses that entry and prefills only the rest. Entries stay after use (the G
+conversation again. `PrefixCache` keeps, for each finished request, the cache state of the tokens the model
+consumed (the prompt and every generated token but the last) under those token ids; a later request whose
+prompt starts with such a sequence reuses that entry and prefills only the rest. Entries are keyed by the
+whole consumed sequence and only ever resumed at its end, which is what a linear-attention layer's recurrent
+state allows (`mcprl_policy.cache_rows.RecurrentRow`: valid after exactly those tokens, never a shorter prefix). Entries stay after use (the G
 episodes of a group often sample the same first turns, so several continuations share one entry), are evicted
 least-recently-used past a byte budget, and are all dropped when the model's weights change (the tensors'
 version counters, `mcprl_policy.fingerprint`, move on any in-place update: an optimizer step,
@@ -17,34 +19,36 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 import attrs
-import torch
 
+from mcprl_policy.cache_rows import AttentionRow, RowState
 from mcprl_policy.fingerprint import Fingerprint
 
 __all__ = ["CachedPrefix", "PrefixCache"]
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class CachedPrefix:
-    """Keys and values of one token sequence, per layer: ``(kv_heads, L, head_dim)`` each, no padding."""
+    """The cache state of one token sequence, per layer (`RowState`: attention keys/values of its ``length``
+    positions, or a recurrent state after its last token)."""
 
-    keys: tuple[torch.Tensor, ...]
-    values: tuple[torch.Tensor, ...]
+    layers: tuple[RowState, ...]
+    length: int = attrs.field(validator=attrs.validators.ge(0))
 
-    @property
-    def length(self) -> int:
-        return int(self.keys[0].shape[1]) if self.keys else 0
+    def __attrs_post_init__(self) -> None:
+        for layer in self.layers:
+            if isinstance(layer, AttentionRow) and layer.length != self.length:
+                raise ValueError(f"keys of {layer.length} positions in a prefix of {self.length} tokens")
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        return sum(layer.nbytes for layer in self.layers)
 
 
 class PrefixCache:
-    """Token-id-keyed KV entries with a byte budget (0 disables the cache).
+    """Token-id-keyed cache entries with a byte budget (0 disables the cache).
 
     Args:
-        max_bytes: Most bytes of keys and values held; the least recently used entries go first.
+        max_bytes: Most bytes of cached states held; the least recently used entries go first.
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -77,9 +81,9 @@ class PrefixCache:
         self._bytes = 0
 
     def put(self, token_ids: Sequence[int], prefix: CachedPrefix) -> None:
-        """Store the KV of ``token_ids`` (``prefix.length`` must equal ``len(token_ids)``)."""
+        """Store the state of ``token_ids`` (``prefix.length`` must equal ``len(token_ids)``)."""
         if prefix.length != len(token_ids):
-            raise ValueError(f"KV of {prefix.length} tokens stored under {len(token_ids)} token ids")
+            raise ValueError(f"state of {prefix.length} tokens stored under {len(token_ids)} token ids")
         size = prefix.nbytes
         if self.max_bytes == 0 or size > self.max_bytes or not token_ids:
             return

@@ -3,7 +3,10 @@
 What a user brings (``Qwen/Qwen3-0.6B``) differs from the embedded tiny model in everything the pipeline
 touches outside the weights: a 151,936-row embedding, a tokenizer that decodes fewer ids than that, special
 tokens at the vendor's ids, and the vendor's chat template. A stand-in keeps all of those and shrinks only the
-transformer (two layers, hidden size 64), so a whole ``mcprl-train`` run fits a CPU test.
+transformer (two layers, hidden size 64), so a whole ``mcprl-train`` run fits a CPU test. The ``qwen3.5``
+architecture is Qwen3.5's hybrid decoder (``Qwen3_5ForCausalLM``: gated-delta-net linear-attention layers
+interleaved with gated full-attention layers) on the same vocabulary: Qwen3.5's own 248k vocabulary is not
+available offline, and the Qwen2/Qwen3 one holds every token its chat template writes.
 
 The tokenizer is rebuilt from llama.cpp's ``ggml-vocab-qwen2.gguf`` (the byte-level BPE that Qwen2, Qwen2.5 and
 Qwen3 share; ``scripts/fetch-chat-templates.py`` caches it) with the added tokens each release puts after the
@@ -26,7 +29,11 @@ from transformers import (
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
     PreTrainedTokenizerFast,
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -39,12 +46,17 @@ __all__ = [
     "QWEN_VOCAB_ROWS",
     "LlamaRelease",
     "QwenRelease",
+    "StandinArchitecture",
     "llama_special_tokens",
     "llama_tokenizer",
     "qwen_tokenizer",
     "save_llama_standin_model",
     "save_standin_model",
+    "standin_model",
 ]
+
+StandinArchitecture = Literal["qwen3", "qwen3.5"]
+"""``qwen3``: ``Qwen3ForCausalLM``; ``qwen3.5``: the hybrid ``Qwen3_5ForCausalLM`` (linear + full attention)."""
 
 QwenRelease = Literal["qwen2.5", "qwen3"]
 """Which release's added tokens the tokenizer gets (both share the BPE ids and the embedding size)."""
@@ -161,31 +173,25 @@ def save_standin_model(
     directory: Path,
     tokenizer: PreTrainedTokenizerFast,
     *,
+    architecture: StandinArchitecture = "qwen3",
     hidden_size: int = 64,
-    num_hidden_layers: int = 2,
+    num_hidden_layers: int | None = None,
     seed: int = 0,
 ) -> Path:
-    """Save a random-weight ``Qwen3ForCausalLM`` with ``QWEN_VOCAB_ROWS`` rows and ``tokenizer`` to ``directory``.
+    """Save a random-weight ``architecture`` model with ``QWEN_VOCAB_ROWS`` rows and ``tokenizer`` to ``directory``.
 
     The layout is a hub checkpoint's (``config.json``, ``model.safetensors``, ``generation_config.json``,
     the tokenizer files with the chat template), so anything that takes ``model.name`` loads it.
     """
-    config = Qwen3Config(
+    model = standin_model(
+        architecture,
         vocab_size=QWEN_VOCAB_ROWS,
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden_size // 4,
-        max_position_embeddings=40_960,
-        tie_word_embeddings=True,
-        bos_token_id=None,
         eos_token_id=_BPE_IDS + 2,  # <|im_end|>
         pad_token_id=_BPE_IDS,  # <|endoftext|>
+        hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        seed=seed,
     )
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -362,3 +368,74 @@ def save_llama_standin_model(
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def standin_model(
+    architecture: StandinArchitecture,
+    *,
+    vocab_size: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    hidden_size: int = 64,
+    num_hidden_layers: int | None = None,
+    seed: int = 0,
+    initializer_range: float = 0.02,
+) -> PreTrainedModel:
+    """A seeded random-weight ``architecture`` causal LM, shrunk to ``hidden_size`` (four attention heads).
+
+    ``qwen3.5`` alternates linear- and full-attention layers (``[linear, full] * (layers // 2)``; Qwen3.5
+    itself puts one full-attention layer after every three linear ones), four layers unless told; ``qwen3``
+    has two. A larger ``initializer_range`` than the released 0.02 spreads a random model's logits, so that its
+    greedy choices are not near-ties.
+    """
+    heads = 4
+    config: PretrainedConfig
+    match architecture:
+        case "qwen3":
+            config = Qwen3Config(
+                vocab_size=vocab_size,
+                hidden_size=hidden_size,
+                intermediate_size=2 * hidden_size,
+                num_hidden_layers=num_hidden_layers or 2,
+                num_attention_heads=heads,
+                num_key_value_heads=2,
+                head_dim=hidden_size // heads,
+                max_position_embeddings=40_960,
+                tie_word_embeddings=True,
+                initializer_range=initializer_range,
+                bos_token_id=None,
+                eos_token_id=eos_token_id,
+                pad_token_id=pad_token_id,
+            )
+            torch.manual_seed(seed)
+            return Qwen3ForCausalLM(config)
+        case "qwen3.5":
+            layers = num_hidden_layers or 4
+            if layers < 2:
+                raise ValueError(
+                    f"a qwen3.5 stand-in needs >= 2 layers (linear + full attention), got {layers}"
+                )
+            config = Qwen3_5TextConfig(
+                vocab_size=vocab_size,
+                hidden_size=hidden_size,
+                intermediate_size=2 * hidden_size,
+                num_hidden_layers=layers,
+                num_attention_heads=heads,
+                num_key_value_heads=2,
+                head_dim=hidden_size // heads,
+                linear_num_key_heads=2,
+                linear_num_value_heads=heads,
+                linear_key_head_dim=hidden_size // heads,
+                linear_value_head_dim=hidden_size // heads,
+                layer_types=["linear_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+                max_position_embeddings=40_960,
+                tie_word_embeddings=True,
+                initializer_range=initializer_range,
+                bos_token_id=None,
+                eos_token_id=eos_token_id,
+                pad_token_id=pad_token_id,
+            )
+            torch.manual_seed(seed)
+            return Qwen3_5ForCausalLM(config)
+        case unreachable:
+            assert_never(unreachable)
