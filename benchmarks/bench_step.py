@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import os
 import platform
 import tempfile
@@ -39,7 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import psutil
 import structlog
@@ -158,6 +159,20 @@ def instrument() -> None:
         return result
 
     ToolManager.call = tool_call  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def watch_gc() -> None:
+    """Add every cyclic garbage collection's pause (all generations) to `METER`'s ``gc``."""
+    started: list[tuple[float, float]] = []
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append((time.perf_counter(), time.thread_time()))
+        elif started:
+            w, c = started.pop()
+            METER.add("gc", time.perf_counter() - w, time.thread_time() - c, info.get("collected", 0))
+
+    gc.callbacks.append(callback)
 
 
 def servers_cpu() -> float:
@@ -285,6 +300,73 @@ def matmul_gflops(shapes: list[tuple[int, int]], rows: int, *, repeats: int = 5)
     return flops / best / 1e9
 
 
+def thread_ms(fn: Callable[[], object], *, n: int = 20, repeats: int = 5) -> float:
+    """Best-of-``repeats`` thread CPU milliseconds of one ``fn()`` (one torch thread)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.thread_time()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.thread_time() - t) / n)
+    return best * 1e3
+
+
+def decode_anatomy(model: torch.nn.Module, rows: int, length: int) -> list[str]:
+    """One decode step of ``rows`` rows over ``length`` cached tokens, split: the whole forward, its attention
+    (SDPA), the KV-cache concatenation (`DynamicLayer.update`), its weight matmuls; one torch thread."""
+    from transformers import DynamicCache
+
+    cfg: Any = model.config
+    layers, heads = int(cfg.num_hidden_layers), int(cfg.num_key_value_heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    q_heads = int(cfg.num_attention_heads)
+    _, shapes = matmul_params(model)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            ids = torch.randint(5, 200, (rows, length))
+            mask = torch.ones(rows, length + 1, dtype=torch.long)
+            cache = DynamicCache(config=cfg)
+            model(input_ids=ids, attention_mask=mask[:, :-1], past_key_values=cache, use_cache=True)
+            last, pos = ids[:, -1:], torch.full((rows, 1), length)
+            cache_layers: list[Any] = list(cache.layers)
+            keys = [(layer.keys, layer.values) for layer in cache_layers]
+
+            def step() -> None:
+                for layer, (k, v) in zip(cache_layers, keys, strict=True):
+                    layer.keys, layer.values = k, v  # the same cache length every time
+                model(
+                    input_ids=last,
+                    attention_mask=mask,
+                    position_ids=pos,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+
+            whole = thread_ms(step)
+            q = torch.randn(rows, q_heads, 1, head_dim)
+            k = torch.randn(rows, heads, length + 1, head_dim)
+            bool_mask = torch.ones(rows, 1, 1, length + 1, dtype=torch.bool)
+            sdpa = layers * thread_ms(
+                lambda: torch.nn.functional.scaled_dot_product_attention(
+                    q, k, k, attn_mask=bool_mask, enable_gqa=q_heads != heads
+                )
+            )
+            new = torch.randn(rows, heads, 1, head_dim)
+            cat = 2 * layers * thread_ms(lambda: torch.cat([k[:, :, :-1], new], dim=-2))
+            xs = [(torch.randn(rows, i), torch.randn(i, o)) for i, o in shapes]
+            mm = thread_ms(lambda: [torch.mm(a, b) for a, b in xs])
+    finally:
+        torch.set_num_threads(threads)
+    rest = whole - sdpa - cat - mm
+    return [
+        f"one decode step, {rows} rows x {length} cached tokens, one thread (thread CPU, best of 5): "
+        f"{whole:.2f} ms = attention (SDPA) {sdpa:.2f} + KV-cache concatenation {cat:.2f} + weight matmuls "
+        f"{mm:.2f} + the rest (Python, norms, rotary, mask) {rest:.2f}",
+    ]
+
+
 def fmt_row(name: str, wall: float, cpu: float | None, note: str = "", bound: float | None = None) -> str:
     cpu_s = "–" if cpu is None else f"{cpu:.2f}"
     bound_s = "–" if bound is None else f"{bound:.3f}"
@@ -333,6 +415,13 @@ def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: st
     backward = mean_phase("learn_phases", "backward")
     optimizer = mean_phase("learn_phases", "optimizer")
     update = mean_phase("learn_phases", "update")
+    gc_collect, gc_learn = mean_phase("collect_phases", "gc"), mean_phase("learn_phases", "gc")
+    gc_step = Phase(
+        wall=gc_collect.wall + gc_learn.wall,
+        cpu=gc_collect.cpu + gc_learn.cpu,
+        calls=gc_collect.calls + gc_learn.calls,
+        tokens=gc_collect.tokens + gc_learn.tokens,
+    )
     rows_decode = decode.tokens / max(1, decode.calls)
     rows_prefill = prefill.tokens / max(1, prefill.calls)
     train_tokens = mean(lambda r: r.metrics.get("perf/train_tokens", 0.0))
@@ -411,6 +500,12 @@ def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: st
             "packing, losses, metrics",
         ),
         fmt_row("metrics, trajectories", tail_wall, None, "sinks"),
+        fmt_row(
+            "garbage collection (any phase)",
+            gc_step.wall,
+            gc_step.cpu,
+            f"{gc_step.calls} collections, {gc_step.tokens} objects freed",
+        ),
         fmt_row("GRPO step", step_wall, step_cpu, ""),
     ]
     if rec.eval_marks is not None:
@@ -426,6 +521,10 @@ def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: st
                 f"event loop CPU {e1.main - e0.main:.2f} s, servers CPU {e1.servers - e0.servers:.2f} s",
             )
         )
+    episodes = trainer.config.grpo.tasks_per_step * trainer.config.grpo.group_size
+    mean_len = mean(lambda r: r.metrics["perf/tokens_per_s"] * r.metrics["perf/step_s"]) / episodes
+    lines += ["", *decode_anatomy(model, round(rows_decode), max(16, round(mean_len)))]
+    lines.append(f"(cache length: the mean episode's tokens, {mean_len:.0f})")
     lines += ["", f"demo_grpo_step_s: {step_wall:.2f}"]
     print("\n".join(lines))
 
@@ -442,6 +541,7 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     load0 = os.getloadavg()[0]
     instrument()
+    watch_gc()
     with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
         config = config_for(args, Path(tmp))
         if args.checkpoint is not None:
