@@ -13,11 +13,16 @@ and reports per phase:
 - the evaluation.
 
 Phases are timed by wrapping the engine's, manager's and backend's own methods (a deterministic profiler: the
-same calls run, in the same order). Each phase shows wall-clock, CPU time (the engine thread's
-``time.thread_time`` for decode/prefill, the process's for the rest), and for decode, prefill and the update
-the FLOP-bound time of the same work: 2 · (matmul parameters) · tokens forward, x3 with backward, at this
-machine's matmul GFLOP/s measured in the same run on the model's own shapes (attention's T² term is left
-out: it is small at these lengths and not a weight matmul).
+same calls run, in the same order). Each phase shows wall-clock, CPU time (the process's while the phase
+runs, so decode/prefill include the event loop's concurrent work; the main thread's for the event loop; the
+server processes' for tools), and for decode, prefill and the update the FLOP-bound time of the same work:
+2 · (matmul parameters) · tokens forward, x3 with backward, at this machine's matmul GFLOP/s measured in the
+same run on the model's own shapes by one core's CPU time, times the torch threads (attention's T² term is
+left out: it is small at these lengths and not a weight matmul). The last column, CPU / threads / bound, is
+how far the phase is from its arithmetic, whatever else loads the machine. Then one decode step at the
+step's shape split into attention, KV-cache concatenation, weight matmuls and the rest, and the seeded draw
+of one decode step. On a shared machine run it with ``OMP_NUM_THREADS=1`` (threads spinning against other
+processes' threads inflate both clocks).
 
     uv run python benchmarks/bench_step.py [--checkpoint outputs/RUN] [--steps 3] [--eval-tasks 400]
 
@@ -46,6 +51,7 @@ import psutil
 import structlog
 import torch
 
+from mcprl_policy import HFSampler
 from mcprl_policy.decode import DecodeEngine
 from mcprl_tools import ToolManager
 from mcprl_train import build
@@ -367,10 +373,34 @@ def decode_anatomy(model: torch.nn.Module, rows: int, length: int) -> list[str]:
     ]
 
 
+def draw_cost(engine: DecodeEngine, rows: int, vocab: int) -> str:
+    """Thread CPU of drawing one token for ``rows`` seeded rows: the engine's batched race vs one
+    ``torch.multinomial`` per row (the engine's earlier way; the same tokens, `test_seeded_draws.py`)."""
+    from mcprl_policy.decode import DecodeRequest
+
+    probs = torch.randn(rows, vocab).mul(4.0).softmax(-1)
+    requests = [DecodeRequest(prompt_ids=[1], max_new_tokens=1, seed=i) for i in range(rows)]
+    generators = [torch.Generator().manual_seed(i) for i in range(rows)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        batched = thread_ms(lambda: engine._draw(probs, requests))  # pyright: ignore[reportPrivateUsage]
+        per_row = thread_ms(
+            lambda: [torch.multinomial(probs[i : i + 1], 1, generator=g) for i, g in enumerate(generators)]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    return (
+        f"seeded draw of one decode step ({rows} rows, {vocab} ids), one thread: {batched:.2f} ms batched "
+        f"(the engine), {per_row:.2f} ms as one multinomial per row"
+    )
+
+
 def fmt_row(name: str, wall: float, cpu: float | None, note: str = "", bound: float | None = None) -> str:
     cpu_s = "–" if cpu is None else f"{cpu:.2f}"
     bound_s = "–" if bound is None else f"{bound:.3f}"
-    ratio = "–" if bound is None or bound <= 0 else f"{wall / bound:.0f}x"
+    per_thread = None if cpu is None else cpu / torch.get_num_threads()
+    ratio = "–" if bound is None or bound <= 0 or per_thread is None else f"{per_thread / bound:.0f}x"
     return f"| {name} | {wall:.2f} | {cpu_s} | {bound_s} | {ratio} | {note} |"
 
 
@@ -451,7 +481,7 @@ def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: st
         f"{prefill.calls} prefills of {rows_prefill:.0f} tokens, {tools.calls} tool calls, "
         f"{train_tokens:.0f} trained tokens",
         "",
-        "| phase (mean per GRPO step) | wall (s) | CPU (s) | FLOP-bound (s) | wall / bound | note |",
+        "| phase (mean per GRPO step) | wall (s) | CPU (s) | FLOP-bound (s) | CPU / threads / bound | note |",
         "|---|---:|---:|---:|---:|---|",
         fmt_row("collection", collect_wall, collect_cpu, "CPU: this process's, all threads"),
         fmt_row(
@@ -525,6 +555,11 @@ def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: st
     mean_len = mean(lambda r: r.metrics["perf/tokens_per_s"] * r.metrics["perf/step_s"]) / episodes
     lines += ["", *decode_anatomy(model, round(rows_decode), max(16, round(mean_len)))]
     lines.append(f"(cache length: the mean episode's tokens, {mean_len:.0f})")
+    sampler = trainer.sampler
+    if isinstance(sampler, HFSampler):
+        config: Any = model.config
+        vocab = trainer.policy.vocab_limit or int(config.vocab_size)
+        lines.append(draw_cost(sampler.engine, round(rows_decode), vocab))
     lines += ["", f"demo_grpo_step_s: {step_wall:.2f}"]
     print("\n".join(lines))
 
