@@ -357,16 +357,22 @@ class DecodeEngine:
 
         A seeded request's generator (on the probabilities' device, seeded with ``request.seed``) advances only
         with that request's draws, so its tokens do not depend on which rows share its batch or in what order
-        they were admitted: that costs one ``multinomial`` call per seeded row instead of one per batch.
+        they were admitted. ``torch.multinomial`` draws one sample as ``argmax(p / q)`` with ``q ~ Exp(1)``
+        drawn from its generator (the exponential race, ATen's ``multinomial`` for ``num_samples=1``); here each
+        row's ``q`` comes from its own generator and the division and argmax run once for the batch: the same
+        draws as one ``multinomial`` call per row, without its per-call checks.
         """
         device = probs.device
         if all(r.seed is None for r in rows):
             return torch.multinomial(probs, 1, generator=self.generator(device)).squeeze(-1)
-        draws = [
-            torch.multinomial(probs[i : i + 1], 1, generator=self._request_generator(r, device))
-            for i, r in enumerate(rows)
-        ]
-        return torch.cat(draws).squeeze(-1)
+        if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+            raise ValueError(
+                "probability tensor contains either `inf`, `nan` or element < 0 (the logits are not finite)"
+            )
+        q = torch.empty_like(probs)
+        for i, r in enumerate(rows):
+            q[i].exponential_(1.0, generator=self._request_generator(r, device))
+        return (probs / q).argmax(-1)
 
     def _request_generator(self, request: DecodeRequest, device: torch.device) -> torch.Generator:
         if request.seed is None:

@@ -10,8 +10,10 @@ task-stream position, stage, step), so the next step equals the one an uninterru
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -158,7 +160,7 @@ class Trainer:
                 self.sinks = SinkGroup([self.run_dir, console, *self.extra_sinks])
             if self.resume:
                 self.restore(loaded)
-            with self.progress:
+            with self.progress, _frozen_heap():
                 return await self.stages()
 
     def find_checkpoint(self) -> Checkpoint | None:
@@ -412,3 +414,18 @@ class Trainer:
             write_rank_record(self.run_dir, self.backend.sampling_policy, step=self.state.step)
             collectives.barrier()
         return summary
+
+
+@contextmanager
+def _frozen_heap() -> Generator[None]:
+    """Keep what exists now (model, tokenizer, tasks, servers' clients) out of the cyclic collector's scans.
+
+    They live for the whole run; without this every full collection walks them again. Reference counting
+    still frees them; `gc.unfreeze` hands them back to the collector when the stages end.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -1,0 +1,606 @@
+"""Where a demo GRPO step's time goes: the cpu profile's step, phase by phase, against its FLOP-bound time.
+
+Builds the demo exactly as ``mcprl-train`` does (the ``cpu`` profile, the three offline MCP servers over stdio,
+the HF sampler with its prefix cache, the padded update) through `mcprl_train.loop.trainer.Trainer`, runs one
+greedy evaluation (``eval.n_tasks`` held-out tasks, the trainer's step-0 evaluation) and ``--steps`` GRPO steps,
+and reports per phase:
+
+- collection: the decode engine's decode steps and prefills (admission: prefill forward, cache gather and
+  merge), the rest of the engine thread (dropping rows, the prefix-cache check), tool calls (summed latency of
+  `ToolManager.call`, overlapped with decoding; the servers' own CPU time), and the event loop's thread CPU
+  time (episodes, parsing, rewards, tokenizer, MCP client JSON);
+- the update: forward, backward, optimizer step (`UpdateBackend`), and the rest of `Learner.update`;
+- the evaluation.
+
+Phases are timed by wrapping the engine's, manager's and backend's own methods (a deterministic profiler: the
+same calls run, in the same order). Each phase shows wall-clock, CPU time (the process's while the phase
+runs, so decode/prefill include the event loop's concurrent work; the main thread's for the event loop; the
+server processes' for tools), and for decode, prefill and the update the FLOP-bound time of the same work:
+2 · (matmul parameters) · tokens forward, x3 with backward, at this machine's matmul GFLOP/s measured in the
+same run on the model's own shapes by one core's CPU time, times the torch threads (attention's T² term is
+left out: it is small at these lengths and not a weight matmul). The last column, CPU / threads / bound, is
+how far the phase is from its arithmetic, whatever else loads the machine. Then one decode step at the
+step's shape split into attention, KV-cache concatenation, weight matmuls and the rest, and the seeded draw
+of one decode step. On a shared machine run it with ``OMP_NUM_THREADS=1`` (threads spinning against other
+processes' threads inflate both clocks).
+
+    uv run python benchmarks/bench_step.py [--checkpoint outputs/RUN] [--steps 3] [--eval-tasks 400]
+
+``--checkpoint`` starts from a run's latest checkpoint (e.g. one after the warm start:
+``uv run mcprl-train --run-name warm --set run.steps=0``); without it the freshly built model (untrained: its
+episodes run to the token limit, so the step is not the demo's). Prints ``demo_grpo_step_s: X`` (the mean
+GRPO step's wall-clock) on its own line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import os
+import platform
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import psutil
+import structlog
+import torch
+
+from mcprl_policy import HFSampler
+from mcprl_policy.decode import DecodeEngine
+from mcprl_tools import ToolManager
+from mcprl_train import build
+from mcprl_train.config import Config
+from mcprl_train.loop.learner import Learner
+from mcprl_train.loop.trainer import Trainer
+from mcprl_train.loop.update import TorchBackend
+from mcprl_train.run.run_dir import RunDir, open_checkpoint
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass
+class Phase:
+    """Accumulated wall-clock and CPU seconds of one phase, with its call count and tokens."""
+
+    wall: float = 0.0
+    cpu: float = 0.0
+    calls: int = 0
+    tokens: int = 0
+
+
+@dataclass
+class Meter:
+    """Phase totals since the last `reset` (one GRPO step or one evaluation)."""
+
+    phases: dict[str, Phase] = field(default_factory=dict)
+
+    def reset(self) -> dict[str, Phase]:
+        out, self.phases = self.phases, {}
+        return out
+
+    def add(self, name: str, wall: float, cpu: float, tokens: int = 0) -> None:
+        p = self.phases.setdefault(name, Phase())
+        p.wall += wall
+        p.cpu += cpu
+        p.calls += 1
+        p.tokens += tokens
+
+
+METER = Meter()
+
+
+def timed(
+    name: str,
+    fn: Callable[P, R],
+    *,
+    clock: Callable[[], float] = time.thread_time,
+    tokens: Callable[[R], int] | None = None,
+) -> Callable[P, R]:
+    """``fn`` that adds its wall-clock and ``clock`` seconds (and ``tokens(result)``) to `METER`'s ``name``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        w, c = time.perf_counter(), clock()
+        result = fn(*args, **kwargs)
+        METER.add(name, time.perf_counter() - w, clock() - c, tokens(result) if tokens else 0)
+        return result
+
+    return wrapper
+
+
+def instrument() -> None:
+    """Wrap the engine's decode step and admission, the engine loop, the backend's update calls."""
+    for owner, attr in (
+        (DecodeEngine, "_decode_step"),
+        (DecodeEngine, "_admit"),
+        (DecodeEngine, "run_until_finished"),
+        (TorchBackend, "forward"),
+        (TorchBackend, "backward"),
+        (TorchBackend, "step"),
+        (Learner, "update"),
+    ):
+        if not callable(getattr(owner, attr, None)):
+            raise SystemExit(f"bench_step: {owner.__name__}.{attr} is gone; update the bench's phases")
+    decode = DecodeEngine._decode_step  # pyright: ignore[reportPrivateUsage]
+    admit = DecodeEngine._admit  # pyright: ignore[reportPrivateUsage]
+
+    def decode_step(self: DecodeEngine, device: torch.device) -> list[object]:
+        rows = len(self.active)
+        w, c = time.perf_counter(), time.process_time()
+        out = decode(self, device)
+        METER.add("decode", time.perf_counter() - w, time.process_time() - c, rows)
+        return list(out)
+
+    def admit_step(self: DecodeEngine, new: list[object], device: torch.device) -> list[object]:
+        before = self.stats.prefill_tokens
+        w, c = time.perf_counter(), time.process_time()
+        out = admit(self, new, device)  # pyright: ignore[reportArgumentType]
+        METER.add(
+            "prefill", time.perf_counter() - w, time.process_time() - c, self.stats.prefill_tokens - before
+        )
+        return list(out)
+
+    DecodeEngine._decode_step = decode_step  # pyright: ignore[reportAttributeAccessIssue]
+    DecodeEngine._admit = admit_step  # pyright: ignore[reportAttributeAccessIssue]
+    DecodeEngine.run_until_finished = timed(
+        "engine", DecodeEngine.run_until_finished, clock=time.process_time
+    )
+    TorchBackend.forward = timed("forward", TorchBackend.forward, clock=time.process_time)
+    TorchBackend.backward = timed("backward", TorchBackend.backward, clock=time.process_time)
+    TorchBackend.step = timed("optimizer", TorchBackend.step, clock=time.process_time)
+    Learner.update = timed("update", Learner.update, clock=time.process_time)
+    call = ToolManager.call
+
+    async def tool_call(self: ToolManager, *args: object, **kwargs: object) -> object:
+        w = time.perf_counter()
+        result = await call(self, *args, **kwargs)  # pyright: ignore[reportArgumentType]
+        METER.add("tools", time.perf_counter() - w, 0.0)
+        return result
+
+    ToolManager.call = tool_call  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def watch_gc() -> None:
+    """Add every cyclic garbage collection's pause (all generations) to `METER`'s ``gc``."""
+    started: list[tuple[float, float]] = []
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append((time.perf_counter(), time.thread_time()))
+        elif started:
+            w, c = started.pop()
+            METER.add("gc", time.perf_counter() - w, time.thread_time() - c, info.get("collected", 0))
+
+    gc.callbacks.append(callback)
+
+
+def servers_cpu() -> float:
+    """CPU seconds (user + system) of this process's child processes so far (the MCP servers)."""
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
+@dataclass
+class Mark:
+    wall: float
+    cpu: float
+    main: float
+    servers: float
+
+    @classmethod
+    def now(cls) -> Mark:
+        return cls(time.perf_counter(), time.process_time(), time.thread_time(), servers_cpu())
+
+
+@dataclass
+class StepRecord:
+    collect: tuple[Mark, Mark]
+    learn: tuple[Mark, Mark]
+    end: Mark
+    collect_phases: dict[str, Phase]
+    learn_phases: dict[str, Phase]
+    metrics: dict[str, float]
+
+
+class Recorder:
+    """Trainer hooks: phase marks per GRPO step; stops the run after ``steps`` steps (before its final eval)."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.records: list[StepRecord] = []
+        self.eval_phases: dict[str, Phase] = {}
+        self.eval_marks: tuple[Mark, Mark] | None = None
+        self._marks: dict[str, Mark] = {}
+        self._collect: dict[str, Phase] = {}
+        self._learn: dict[str, Phase] = {}
+
+    def __call__(self, event: str, trainer: Trainer) -> None:
+        now = Mark.now()
+        self._marks[event] = now
+        match event:
+            case "before_rollout":
+                METER.reset()
+            case "after_rollout":
+                self._collect = METER.reset()
+            case "after_update":
+                self._learn = METER.reset()
+            case "after_step":
+                m = self._marks
+                self.records.append(
+                    StepRecord(
+                        collect=(m["before_rollout"], m["after_rollout"]),
+                        learn=(m["after_rollout"], m["after_update"]),
+                        end=now,
+                        collect_phases=self._collect,
+                        learn_phases=self._learn,
+                        metrics=dict(trainer.history[-1]),
+                    )
+                )
+                if len(self.records) >= self.steps:
+                    raise _Done
+            case _:
+                pass
+
+    def watch_evaluation(self) -> None:
+        """Time `Trainer.evaluate` (the step-0 evaluation: the first one only)."""
+        evaluate = Trainer.evaluate
+
+        async def timed_evaluate(trainer: Trainer, tag: str) -> dict[str, float]:
+            METER.reset()
+            start = Mark.now()
+            out = await evaluate(trainer, tag)
+            if self.eval_marks is None:
+                self.eval_marks = (start, Mark.now())
+                self.eval_phases = METER.reset()
+            return out
+
+        Trainer.evaluate = timed_evaluate  # pyright: ignore[reportAttributeAccessIssue]
+
+
+class _Done(Exception):
+    """Raised by the recorder to end the run after the measured steps."""
+
+
+def matmul_params(model: torch.nn.Module) -> tuple[int, list[tuple[int, int]]]:
+    """Parameters that take part in a matmul per token (every Linear, the output head included) and their shapes."""
+    shapes = [
+        (int(m.in_features), int(m.out_features)) for m in model.modules() if isinstance(m, torch.nn.Linear)
+    ]
+    return sum(i * o for i, o in shapes), shapes
+
+
+def matmul_gflops(shapes: list[tuple[int, int]], rows: int, *, repeats: int = 5) -> float:
+    """GFLOP/s of one core on ``(rows, in) @ (in, out)`` over the model's Linear shapes.
+
+    One torch thread, timed by its thread CPU time (best of ``repeats``), so that other processes on a loaded
+    machine do not count; the FLOP-bound times scale it by the run's torch threads.
+    """
+    rows = max(1, rows)
+    xs = [(torch.randn(rows, i), torch.randn(i, o)) for i, o in shapes]
+    flops = sum(2 * rows * i * o for i, o in shapes)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    best = float("inf")
+    try:
+        for _ in range(repeats):
+            t = time.thread_time()
+            for _ in range(10):
+                for a, b in xs:
+                    torch.mm(a, b)
+            best = min(best, (time.thread_time() - t) / 10)
+    finally:
+        torch.set_num_threads(threads)
+    return flops / best / 1e9
+
+
+def thread_ms(fn: Callable[[], object], *, n: int = 20, repeats: int = 5) -> float:
+    """Best-of-``repeats`` thread CPU milliseconds of one ``fn()`` (one torch thread)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.thread_time()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.thread_time() - t) / n)
+    return best * 1e3
+
+
+def decode_anatomy(model: torch.nn.Module, rows: int, length: int) -> list[str]:
+    """One decode step of ``rows`` rows over ``length`` cached tokens, split: the whole forward, its attention
+    (SDPA), the KV-cache concatenation (`DynamicLayer.update`), its weight matmuls; one torch thread."""
+    from transformers import DynamicCache
+
+    cfg: Any = model.config
+    layers, heads = int(cfg.num_hidden_layers), int(cfg.num_key_value_heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    q_heads = int(cfg.num_attention_heads)
+    _, shapes = matmul_params(model)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            ids = torch.randint(5, 200, (rows, length))
+            mask = torch.ones(rows, length + 1, dtype=torch.long)
+            cache = DynamicCache(config=cfg)
+            model(input_ids=ids, attention_mask=mask[:, :-1], past_key_values=cache, use_cache=True)
+            last, pos = ids[:, -1:], torch.full((rows, 1), length)
+            cache_layers: list[Any] = list(cache.layers)
+            keys = [(layer.keys, layer.values) for layer in cache_layers]
+
+            def step() -> None:
+                for layer, (k, v) in zip(cache_layers, keys, strict=True):
+                    layer.keys, layer.values = k, v  # the same cache length every time
+                model(
+                    input_ids=last,
+                    attention_mask=mask,
+                    position_ids=pos,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+
+            whole = thread_ms(step)
+            q = torch.randn(rows, q_heads, 1, head_dim)
+            k = torch.randn(rows, heads, length + 1, head_dim)
+            bool_mask = torch.ones(rows, 1, 1, length + 1, dtype=torch.bool)
+            sdpa = layers * thread_ms(
+                lambda: torch.nn.functional.scaled_dot_product_attention(
+                    q, k, k, attn_mask=bool_mask, enable_gqa=q_heads != heads
+                )
+            )
+            new = torch.randn(rows, heads, 1, head_dim)
+            cat = 2 * layers * thread_ms(lambda: torch.cat([k[:, :, :-1], new], dim=-2))
+            xs = [(torch.randn(rows, i), torch.randn(i, o)) for i, o in shapes]
+            mm = thread_ms(lambda: [torch.mm(a, b) for a, b in xs])
+    finally:
+        torch.set_num_threads(threads)
+    rest = whole - sdpa - cat - mm
+    return [
+        f"one decode step, {rows} rows x {length} cached tokens, one thread (thread CPU, best of 5): "
+        f"{whole:.2f} ms = attention (SDPA) {sdpa:.2f} + KV-cache concatenation {cat:.2f} + weight matmuls "
+        f"{mm:.2f} + the rest (Python, norms, rotary, mask) {rest:.2f}",
+    ]
+
+
+def draw_cost(engine: DecodeEngine, rows: int, vocab: int) -> str:
+    """Thread CPU of drawing one token for ``rows`` seeded rows: the engine's batched race vs one
+    ``torch.multinomial`` per row (the engine's earlier way; the same tokens, `test_seeded_draws.py`)."""
+    from mcprl_policy.decode import DecodeRequest
+
+    probs = torch.randn(rows, vocab).mul(4.0).softmax(-1)
+    requests = [DecodeRequest(prompt_ids=[1], max_new_tokens=1, seed=i) for i in range(rows)]
+    generators = [torch.Generator().manual_seed(i) for i in range(rows)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        batched = thread_ms(lambda: engine._draw(probs, requests))  # pyright: ignore[reportPrivateUsage]
+        per_row = thread_ms(
+            lambda: [torch.multinomial(probs[i : i + 1], 1, generator=g) for i, g in enumerate(generators)]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    return (
+        f"seeded draw of one decode step ({rows} rows, {vocab} ids), one thread: {batched:.2f} ms batched "
+        f"(the engine), {per_row:.2f} ms as one multinomial per row"
+    )
+
+
+def fmt_row(name: str, wall: float, cpu: float | None, note: str = "", bound: float | None = None) -> str:
+    cpu_s = "–" if cpu is None else f"{cpu:.2f}"
+    bound_s = "–" if bound is None else f"{bound:.3f}"
+    per_thread = None if cpu is None else cpu / torch.get_num_threads()
+    ratio = "–" if bound is None or bound <= 0 or per_thread is None else f"{per_thread / bound:.0f}x"
+    return f"| {name} | {wall:.2f} | {cpu_s} | {bound_s} | {ratio} | {note} |"
+
+
+def config_for(args: argparse.Namespace, output_dir: Path) -> Config:
+    overrides = [
+        "sft.enabled=false",
+        f"run.steps={args.steps + 1}",
+        "eval.every=0",
+        f"eval.n_tasks={args.eval_tasks}",
+        "run.checkpoint_every=0",
+        f"run.output_dir={output_dir}",
+        "run.name=bench-step",
+        "tracking.progress=false",
+        *args.set,
+    ]
+    return Config.load(profile="cpu", overrides=overrides)
+
+
+def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: str, load0: float) -> None:
+    model = trainer.policy.model
+    n_matmul, shapes = matmul_params(model)
+    steps = rec.records
+    n = len(steps)
+
+    def mean_phase(which: str, name: str) -> Phase:
+        ps = [getattr(r, which).get(name, Phase()) for r in steps]
+        return Phase(
+            wall=sum(p.wall for p in ps) / n,
+            cpu=sum(p.cpu for p in ps) / n,
+            calls=round(sum(p.calls for p in ps) / n),
+            tokens=round(sum(p.tokens for p in ps) / n),
+        )
+
+    def mean(f: Callable[[StepRecord], float]) -> float:
+        return sum(f(r) for r in steps) / n
+
+    decode = mean_phase("collect_phases", "decode")
+    prefill = mean_phase("collect_phases", "prefill")
+    engine = mean_phase("collect_phases", "engine")
+    tools = mean_phase("collect_phases", "tools")
+    forward = mean_phase("learn_phases", "forward")
+    backward = mean_phase("learn_phases", "backward")
+    optimizer = mean_phase("learn_phases", "optimizer")
+    update = mean_phase("learn_phases", "update")
+    gc_collect, gc_learn = mean_phase("collect_phases", "gc"), mean_phase("learn_phases", "gc")
+    gc_step = Phase(
+        wall=gc_collect.wall + gc_learn.wall,
+        cpu=gc_collect.cpu + gc_learn.cpu,
+        calls=gc_collect.calls + gc_learn.calls,
+        tokens=gc_collect.tokens + gc_learn.tokens,
+    )
+    rows_decode = decode.tokens / max(1, decode.calls)
+    rows_prefill = prefill.tokens / max(1, prefill.calls)
+    train_tokens = mean(lambda r: r.metrics.get("perf/train_tokens", 0.0))
+    g_decode = matmul_gflops(shapes, round(rows_decode)) * torch.get_num_threads()
+    g_prefill = matmul_gflops(shapes, round(rows_prefill)) * torch.get_num_threads()
+    g_update = matmul_gflops(shapes, trainer.config.optim.micro_batch_tokens) * torch.get_num_threads()
+
+    collect_wall = mean(lambda r: r.collect[1].wall - r.collect[0].wall)
+    collect_cpu = mean(lambda r: r.collect[1].cpu - r.collect[0].cpu)
+    main_cpu = mean(lambda r: r.collect[1].main - r.collect[0].main)
+    servers = mean(lambda r: r.collect[1].servers - r.collect[0].servers)
+    learn_wall = mean(lambda r: r.learn[1].wall - r.learn[0].wall)
+    learn_cpu = mean(lambda r: r.learn[1].cpu - r.learn[0].cpu)
+    tail_wall = mean(lambda r: r.end.wall - r.learn[1].wall)
+    step_wall = mean(lambda r: r.end.wall - r.collect[0].wall)
+    step_cpu = mean(lambda r: r.end.cpu - r.collect[0].cpu)
+    engine_rest = engine.wall - decode.wall - prefill.wall
+
+    lines = [
+        f"model: {trainer.config.model.name} ({source}); {n_matmul:,} matmul parameters; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores, "
+        f"{platform.machine()}; load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
+        f"matmul GFLOP/s on the model's Linear shapes (one core's, by its CPU time, x threads): {g_decode:.1f} at {rows_decode:.0f} rows (decode), "
+        f"{g_prefill:.1f} at {rows_prefill:.0f} rows (prefill), {g_update:.1f} at "
+        f"{trainer.config.optim.micro_batch_tokens} rows (update)",
+        f"GRPO steps measured: {n}; per step: {decode.calls} decode calls of {rows_decode:.0f} rows, "
+        f"{prefill.calls} prefills of {rows_prefill:.0f} tokens, {tools.calls} tool calls, "
+        f"{train_tokens:.0f} trained tokens",
+        "",
+        "| phase (mean per GRPO step) | wall (s) | CPU (s) | FLOP-bound (s) | CPU / threads / bound | note |",
+        "|---|---:|---:|---:|---:|---|",
+        fmt_row("collection", collect_wall, collect_cpu, "CPU: this process's, all threads"),
+        fmt_row(
+            "  decode",
+            decode.wall,
+            decode.cpu,
+            f"{decode.tokens} tokens",
+            2 * n_matmul * decode.tokens / (g_decode * 1e9),
+        ),
+        fmt_row(
+            "  prefill (+ cache gather, merge)",
+            prefill.wall,
+            prefill.cpu,
+            f"{prefill.tokens} tokens",
+            2 * n_matmul * prefill.tokens / (g_prefill * 1e9),
+        ),
+        fmt_row(
+            "  engine, rest", engine_rest, engine.cpu - decode.cpu - prefill.cpu, "row drops, cache check"
+        ),
+        fmt_row(
+            "  tool calls (overlapped)",
+            tools.wall,
+            servers,
+            f"summed latency of {tools.calls} calls; CPU: the server processes",
+        ),
+        fmt_row(
+            "  event loop (env, parsing, MCP client)",
+            max(0.0, collect_wall - engine.wall),
+            main_cpu,
+            "wall: collection minus engine; CPU: the main thread",
+        ),
+        fmt_row(
+            "update",
+            learn_wall,
+            learn_cpu,
+            "Learner.update + weight sync",
+            3 * 2 * n_matmul * train_tokens / (g_update * 1e9),
+        ),
+        fmt_row("  forward", forward.wall, forward.cpu, f"{forward.calls} micro-batches"),
+        fmt_row("  backward", backward.wall, backward.cpu, ""),
+        fmt_row("  optimizer", optimizer.wall, optimizer.cpu, "clip + AdamW"),
+        fmt_row(
+            "  update, rest",
+            update.wall - forward.wall - backward.wall - optimizer.wall,
+            update.cpu - forward.cpu - backward.cpu - optimizer.cpu,
+            "packing, losses, metrics",
+        ),
+        fmt_row("metrics, trajectories", tail_wall, None, "sinks"),
+        fmt_row(
+            "garbage collection (any phase)",
+            gc_step.wall,
+            gc_step.cpu,
+            f"{gc_step.calls} collections, {gc_step.tokens} objects freed",
+        ),
+        fmt_row("GRPO step", step_wall, step_cpu, ""),
+    ]
+    if rec.eval_marks is not None:
+        e0, e1 = rec.eval_marks
+        ev = rec.eval_phases
+        ed, ep = ev.get("decode", Phase()), ev.get("prefill", Phase())
+        lines.append(
+            fmt_row(
+                f"evaluation ({trainer.config.eval.n_tasks} greedy episodes)",
+                e1.wall - e0.wall,
+                e1.cpu - e0.cpu,
+                f"decode {ed.wall:.2f} s ({ed.calls} calls), prefill {ep.wall:.2f} s, "
+                f"event loop CPU {e1.main - e0.main:.2f} s, servers CPU {e1.servers - e0.servers:.2f} s",
+            )
+        )
+    episodes = trainer.config.grpo.tasks_per_step * trainer.config.grpo.group_size
+    mean_len = mean(lambda r: r.metrics["perf/tokens_per_s"] * r.metrics["perf/step_s"]) / episodes
+    lines += ["", *decode_anatomy(model, round(rows_decode), max(16, round(mean_len)))]
+    lines.append(f"(cache length: the mean episode's tokens, {mean_len:.0f})")
+    sampler = trainer.sampler
+    if isinstance(sampler, HFSampler):
+        config: Any = model.config
+        vocab = trainer.policy.vocab_limit or int(config.vocab_size)
+        lines.append(draw_cost(sampler.engine, round(rows_decode), vocab))
+    lines += ["", f"demo_grpo_step_s: {step_wall:.2f}"]
+    print("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--checkpoint", type=Path, default=None, help="a checkpoint or run directory")
+    parser.add_argument("--steps", type=int, default=3, help="GRPO steps measured")
+    parser.add_argument("--eval-tasks", type=int, default=400, help="greedy evaluation episodes")
+    parser.add_argument("--set", action="append", default=[], help="extra config override key=value")
+    args = parser.parse_args()
+    if args.steps < 1:
+        parser.error("--steps must be >= 1")
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    load0 = os.getloadavg()[0]
+    instrument()
+    watch_gc()
+    with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
+        config = config_for(args, Path(tmp))
+        if args.checkpoint is not None:
+            _, loaded = open_checkpoint(args.checkpoint)
+            policy_dir = str(loaded.subdir("policy"))
+            source = f"checkpoint {loaded.path}"
+        else:
+            policy_dir = None
+            source = "freshly built, untrained"
+        rec = Recorder(args.steps)
+        trainer = Trainer(
+            config,
+            RunDir.create(config),
+            backend=lambda _: build.torch_backend(config, source=policy_dir),
+            hooks=(rec,),
+        )
+        rec.watch_evaluation()
+        try:
+            trainer.run()
+        except* _Done:
+            pass
+        assert threading.current_thread() is threading.main_thread()
+        report(args, rec, trainer, source, load0)
+
+
+if __name__ == "__main__":
+    main()
