@@ -41,6 +41,8 @@ from results_md import replace_section
 from mcprl_grpo import (
     AggregationMode,
     KLEstimator,
+    PackedLayout,
+    TokenMask,
     aggregate_loss,
     clipped_surrogate_loss,
     entropy_from_logits,
@@ -242,8 +244,11 @@ def mcprl_row(row: Row, d: dict[str, torch.Tensor]) -> Callable[[], torch.Tensor
     """mcprl-grpo's side of ``row``: a call computing the same value as the verl worker's."""
     kind, _, arg = row.name.partition(":")
     sfx = "_l" if row.layout == "packed" else "_p"
-    seq_ids = d["seq_ids"] if row.layout == "packed" else None
-    mask = d["mask" + sfx] if row.masking != "float" else d["mask_p"].float()
+    # Packed rows get the micro-batch's layout, built once where the batch is packed (PackedLayout).
+    seq_ids = PackedLayout.from_seq_ids(d["seq_ids"]) if row.layout == "packed" else None
+    # A float mask is validated once, as the learner does where it builds the micro-batch (TokenMask.of); the
+    # timed call gets the validated mask. verl gets the float tensor and multiplies by it unchecked.
+    mask = d["mask" + sfx] if row.masking != "float" else TokenMask.of(d["mask_p"].float())
     lp, old, ref = d["logprobs" + sfx], d["old" + sfx], d["ref" + sfx]
     match kind:
         case "adv":

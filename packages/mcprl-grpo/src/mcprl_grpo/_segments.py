@@ -1,6 +1,8 @@
 """Sequence structure of token tensors: padded ``(B, T)`` or packed ``(L,)`` with ``seq_ids``.
 
-Reductions per sequence use ``index_add_`` over a flat view, so both layouts share one code path.
+``seq_ids`` is a bare ``(L,)`` integer tensor (checked on each call) or a `PackedLayout` (checked when built).
+Sums per sequence over sorted ids use ``torch.segment_reduce`` over contiguous runs; interleaved ids fall back to
+``index_add`` over a flat view.
 """
 
 from __future__ import annotations
@@ -9,21 +11,28 @@ import torch
 
 from mcprl_grpo._checks import count_true
 from mcprl_grpo.errors import DTypeError, ShapeError
+from mcprl_grpo.packed_layout import PackedLayout, SeqIds
 
 
-def segments(x: torch.Tensor, seq_ids: torch.Tensor | None, *, name: str = "x") -> tuple[torch.Tensor, int]:
+def _check_packed(x: torch.Tensor, seq_ids: SeqIds, name: str) -> None:
+    if seq_ids.shape != x.shape or x.dim() != 1:
+        raise ShapeError("seq_ids", seq_ids.shape, f"{tuple(x.shape)} with {name} packed as (L,)")
+
+
+def segments(x: torch.Tensor, seq_ids: SeqIds | None, *, name: str = "x") -> tuple[torch.Tensor, int]:
     """Flat ``(numel,)`` sequence index for every entry of ``x`` and the number of sequences.
 
     ``(B, T)`` tensors need no ``seq_ids`` (row ``b`` is sequence ``b``); packed ``(L,)`` tensors need
-    ``seq_ids`` ``(L,)`` integers in ``[0, S)``.
+    ``seq_ids`` ``(L,)`` integers in ``[0, S)`` or their `PackedLayout`.
     """
     if seq_ids is None:
         if x.dim() != 2:
             raise ShapeError(name, x.shape, "(B, T), or packed (L,) together with seq_ids (L,)")
         b, t = x.shape
         return torch.arange(b, device=x.device).repeat_interleave(t), b
-    if seq_ids.shape != x.shape or x.dim() != 1:
-        raise ShapeError("seq_ids", seq_ids.shape, f"{tuple(x.shape)} with {name} packed as (L,)")
+    _check_packed(x, seq_ids, name)
+    if isinstance(seq_ids, PackedLayout):
+        return seq_ids.ids, seq_ids.num_seqs
     if seq_ids.is_floating_point() or seq_ids.dtype == torch.bool:
         raise DTypeError(f"seq_ids must be an integer tensor, got dtype {seq_ids.dtype}")
     ids = seq_ids.long()
@@ -38,8 +47,22 @@ def segment_sum(x: torch.Tensor, ids: torch.Tensor, n: int) -> torch.Tensor:
     return flat.new_zeros(n).index_add(0, ids, flat)
 
 
+def segment_counts(mask: torch.Tensor, offsets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``(S,)`` true entries of the bool ``(L,)`` ``mask`` in each run ``[offsets[s], offsets[s + 1])``.
+
+    Differences of an int32 running count at the run boundaries (exact below 2^31 tokens): on CPU about 1.6x
+    faster than a ``segment_reduce`` of the mask converted to float.
+    """
+    running = torch.zeros(
+        mask.numel() + 1, dtype=torch.int32 if mask.numel() < 2**31 else torch.int64, device=mask.device
+    )
+    torch.cumsum(mask.view(torch.uint8), 0, dtype=running.dtype, out=running[1:])
+    at = running[offsets]
+    return (at[1:] - at[:-1]).to(dtype)
+
+
 def sums_and_counts(
-    x: torch.Tensor, mask: torch.Tensor, seq_ids: torch.Tensor | None, *, name: str = "x"
+    x: torch.Tensor, mask: torch.Tensor, seq_ids: SeqIds | None, *, name: str = "x"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence sums of ``x`` (already 0 outside the bool ``mask``) and per-sequence counts of ``mask``.
 
@@ -50,24 +73,22 @@ def sums_and_counts(
         if x.dim() != 2:
             raise ShapeError(name, x.shape, "(B, T), or packed (L,) together with seq_ids (L,)")
         return x.sum(dim=-1), count_true(mask, x.dtype, dim=-1)
-    offsets = _sorted_offsets(x, seq_ids, name=name)
+    _check_packed(x, seq_ids, name)
+    offsets = seq_ids.offsets if isinstance(seq_ids, PackedLayout) else _sorted_offsets(seq_ids)
     if offsets is not None:
-        return (
-            torch.segment_reduce(x, "sum", offsets=offsets),
-            torch.segment_reduce(mask.view(torch.uint8).to(x.dtype), "sum", offsets=offsets),
-        )
+        if offsets.numel() == 1:
+            return x.new_zeros(0), x.new_zeros(0)
+        return torch.segment_reduce(x, "sum", offsets=offsets), segment_counts(mask, offsets, x.dtype)
     ids, n = segments(x, seq_ids, name=name)
     return segment_sum(x, ids, n), segment_sum(mask.to(x.dtype), ids, n)
 
 
-def _sorted_offsets(x: torch.Tensor, seq_ids: torch.Tensor, *, name: str) -> torch.Tensor | None:
+def _sorted_offsets(seq_ids: torch.Tensor) -> torch.Tensor | None:
     """``(S + 1,)`` start offsets of each sequence when ``seq_ids`` is non-decreasing (the packed layout), else None.
 
     Sorted ids let `torch.segment_reduce` sum contiguous runs, 4-5x faster on CPU than ``index_add``; the
     offsets come from one ``searchsorted``, so sequences without tokens get empty runs, as ``index_add`` gives.
     """
-    if seq_ids.shape != x.shape or x.dim() != 1:
-        raise ShapeError("seq_ids", seq_ids.shape, f"{tuple(x.shape)} with {name} packed as (L,)")
     if seq_ids.is_floating_point() or seq_ids.dtype == torch.bool:
         raise DTypeError(f"seq_ids must be an integer tensor, got dtype {seq_ids.dtype}")
     ids = seq_ids.long()
