@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from grpo_testkit import tolist_1d, tolist_2d
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +41,7 @@ def test_token_mask_holds_bool_weights_and_row_counts_and_is_shape_checked() -> 
     assert tm.keep.dtype == torch.bool
     assert tm.weights.dtype == torch.float32
     assert tm.row_counts is not None
-    assert tm.row_counts.tolist() == [2.0, 0.0]
+    assert tolist_1d(tm.row_counts) == [2.0, 0.0]
     assert TokenMask.of(tm) is tm
     with pytest.raises(MaskError, match=r"build it with TokenMask\.of"):
         TokenMask(keep=torch.ones(2), weights=torch.ones(2), row_counts=None)
@@ -71,10 +72,10 @@ def test_token_mask_gradient_equals_the_bool_mask_gradient() -> None:
     g = torch.Generator().manual_seed(3)
     keep = torch.rand(5, 6, generator=g) > 0.5
     for mode in SEQ_MODES:
-        grads = []
+        grads: list[torch.Tensor] = []
         for mask in (keep, TokenMask.of(keep)):
             loss = torch.randn(5, 6, generator=torch.Generator().manual_seed(4)).requires_grad_()
-            aggregate_loss(loss, mask, mode=mode).backward()
+            aggregate_loss(loss, mask, mode=mode).backward()  # pyright: ignore[reportUnknownMemberType]
             assert loss.grad is not None
             grads.append(loss.grad)
         torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
@@ -84,7 +85,7 @@ def test_expand_to_tokens_with_a_token_mask_and_non_finite_advantages() -> None:
     keep = torch.tensor([[True, False, True], [False, True, True]])
     tm = TokenMask.of(keep.to(torch.int64))
     adv = torch.tensor([0.5, -2.0])
-    assert expand_to_tokens(adv, tm).tolist() == expand_to_tokens(adv, keep).tolist()
+    assert tolist_2d(expand_to_tokens(adv, tm)) == tolist_2d(expand_to_tokens(adv, keep))
     nan_adv = torch.tensor([float("nan"), 1.0])
     out = expand_to_tokens(nan_adv, tm)
     assert out[0, 1].item() == 0.0
@@ -96,8 +97,8 @@ def test_packed_layout_from_ids_and_from_lengths_agree_and_refuse_bad_ids() -> N
     lengths = torch.tensor([3, 0, 2, 1])
     a = PackedLayout.from_lengths(lengths)
     b = PackedLayout.from_seq_ids(torch.tensor([0, 0, 0, 2, 2, 3]))
-    assert a.ids.tolist() == b.ids.tolist()
-    assert a.offsets.tolist() == b.offsets.tolist() == [0, 3, 3, 5, 6]
+    assert tolist_1d(a.ids) == tolist_1d(b.ids)
+    assert tolist_1d(a.offsets) == tolist_1d(b.offsets) == [0, 3, 3, 5, 6]
     assert a.num_seqs == 4
     with pytest.raises(ArgumentError, match="non-decreasing"):
         PackedLayout.from_seq_ids(torch.tensor([0, 1, 0]))
@@ -123,7 +124,7 @@ def test_packed_aggregation_with_a_layout_equals_bare_ids_and_padded(lengths: li
     t = max(max(lengths), 1)
     padded_loss = torch.zeros(len(lengths), t, dtype=torch.float64)
     padded_keep = torch.zeros(len(lengths), t, dtype=torch.bool)
-    for s, (start, length) in enumerate(zip(layout.offsets.tolist(), lengths, strict=False)):
+    for s, (start, length) in enumerate(zip(tolist_1d(layout.offsets), lengths, strict=False)):
         padded_loss[s, :length] = loss[start : start + length]
         padded_keep[s, :length] = keep[start : start + length]
     for mode in SEQ_MODES:
@@ -150,7 +151,9 @@ def test_prefix_at_equals_a_running_sum(length: int, seed: int) -> None:
     running = torch.cat([torch.zeros(1, dtype=torch.float64), v.cumsum(0)])
     torch.testing.assert_close(prefix_at(v, positions, torch.float64), running[positions])
     counts = torch.cat([torch.zeros(1, dtype=torch.int64), mask.long().cumsum(0)])
-    assert prefix_at(mask.view(torch.uint8), positions, torch.int64).tolist() == counts[positions].tolist()
+    assert tolist_1d(prefix_at(mask.view(torch.uint8), positions, torch.int64)) == tolist_1d(
+        counts[positions]
+    )
 
 
 def test_a_non_finite_token_affects_only_its_own_sequence_sum() -> None:
@@ -158,7 +161,7 @@ def test_a_non_finite_token_affects_only_its_own_sequence_sum() -> None:
     x = torch.ones(130)
     x[50] = float("inf")
     sums = segment_sums(x, offsets)
-    assert sums.tolist()[0:2] == [40.0, 1.0]
+    assert tolist_1d(sums)[0:2] == [40.0, 1.0]
     assert sums[2].isinf()
     assert sums[3].item() == 30.0
-    assert segment_counts(x > 0, offsets, torch.float32).tolist() == [40.0, 1.0, 59.0, 30.0]
+    assert tolist_1d(segment_counts(x > 0, offsets, torch.float32)) == [40.0, 1.0, 59.0, 30.0]
