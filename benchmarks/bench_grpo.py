@@ -429,10 +429,14 @@ def vs_verl(b: dict[str, torch.Tensor], reps: int) -> None:
         [
             "## bench_grpo: mcprl-grpo vs verl",
             "",
-            "What the rows include beyond the arithmetic: a float mask costs mcprl a 0/1 value check on every call "
-            "that receives it (one fused pass; a bool mask is trusted by its dtype), where verl multiplies by the "
-            "mask as given and checks nothing. Packed seq-* rows reduce per sequence over (L,) with "
-            "torch.segment_reduce (seq_ids sorted), where verl's padded rows are one row sum each.",
+            "What each side is given: float rows hand mcprl the float mask validated once into a TokenMask "
+            "(`TokenMask.of`, outside the timed call, as a learner does once per micro-batch: it checks the 0/1 "
+            "values and keeps the bool mask, the float32 weights and the per-row counts); verl multiplies by the "
+            "float mask as given and checks nothing. A bare float mask given to mcprl is still checked on every "
+            "call. Bool rows give both sides the bool tensor. Packed rows hand mcprl the batch's PackedLayout "
+            "(`PackedLayout.from_seq_ids`, built once per micro-batch, outside the timed call); its seq-* rows sum "
+            "per sequence from 32-entry chunk sums and each boundary's partial chunk, where verl's padded rows "
+            "are one row sum each.",
             "",
             f"Each row computes the same value with mcprl-grpo and with {versions} ({VERL_SOURCE}), run in its own "
             "virtual environment beside the workspace (a worker process loads the same tensors; values checked "
