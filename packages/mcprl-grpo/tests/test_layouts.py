@@ -20,7 +20,7 @@ from mcprl_grpo import (
     expand_to_tokens,
     kl_loss,
 )
-from mcprl_grpo._segments import prefix_at, segment_counts, segment_sums
+from mcprl_grpo._segments import packed_sums_and_counts, prefix_at
 
 FAST = settings(max_examples=40, deadline=None)
 SEQ_MODES: tuple[AggregationMode, ...] = (
@@ -160,8 +160,10 @@ def test_a_non_finite_token_affects_only_its_own_sequence_sum() -> None:
     offsets = torch.tensor([0, 40, 41, 100, 130])
     x = torch.ones(130)
     x[50] = float("inf")
-    sums = segment_sums(x, offsets)
+    sums, counts = packed_sums_and_counts(x, x > 0, offsets)
     assert tolist_1d(sums)[0:2] == [40.0, 1.0]
     assert sums[2].isinf()
     assert sums[3].item() == 30.0
-    assert tolist_1d(segment_counts(x > 0, offsets, torch.float32)) == [40.0, 1.0, 59.0, 30.0]
+    assert tolist_1d(counts) == [40.0, 1.0, 59.0, 30.0]
+    finite_sums, _ = packed_sums_and_counts(torch.arange(130.0), x > 0, offsets)
+    assert tolist_1d(finite_sums) == [780.0, 40.0, 59.0 * 70.0, 30.0 * 114.5]

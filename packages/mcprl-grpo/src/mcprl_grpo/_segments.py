@@ -51,47 +51,64 @@ def segment_sum(x: torch.Tensor, ids: torch.Tensor, n: int) -> torch.Tensor:
 _CHUNK = 32
 
 
-def prefix_at(v: torch.Tensor, positions: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
-    """``Σ v[:p]`` in ``acc`` for each ``p`` of ``positions`` (``(K,)`` int64 in ``[0, L]``), ``v`` ``(L,)``.
+def _grid(v: torch.Tensor) -> torch.Tensor:
+    """``v`` ``(L,)`` as ``(ceil(L / 32), 32)`` rows, zero-padded at the end (at least one row)."""
+    rows = max(-(-v.numel() // _CHUNK), 1)
+    if rows * _CHUNK != v.numel():
+        v = torch.cat([v, v.new_zeros(rows * _CHUNK - v.numel())])
+    return v.view(rows, _CHUNK)
 
-    Two levels, both vectorised: the sums of 64-entry chunks (a row sum of an ``(L/64, 64)`` view) with their
-    running total, plus each position's partial chunk (``K`` rows of 64 gathered and summed). On CPU this is
-    3-4x faster than ``torch.segment_reduce`` or a running sum over all ``L`` entries, which loop one entry at a
-    time. The partial chunks are selected with `zero_outside`, so a NaN or inf past a position does not reach
-    it; one before a position reaches every later prefix, which the callers detect (a non-finite result).
-    """
-    n = v.numel()
-    rows = max(-(-n // _CHUNK), 1)
-    if rows * _CHUNK != n:
-        v = torch.cat([v, v.new_zeros(rows * _CHUNK - n)])
-    grid = v.view(rows, _CHUNK)
-    chunk_sums = grid.sum(dim=-1, dtype=torch.int32) if v.dtype == torch.uint8 else grid.sum(dim=-1)
-    before = torch.cat([torch.zeros(1, dtype=acc, device=v.device), chunk_sums.cumsum(0, dtype=acc)])
+
+def _chunk_of(positions: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each position ``p`` in ``[0, L]``: its chunk row and which of the row's entries lie before ``p``."""
     row = torch.div(positions, _CHUNK, rounding_mode="floor").clamp(max=rows - 1)
-    col = positions - row * _CHUNK
-    keep = torch.arange(_CHUNK, device=v.device) < col.unsqueeze(-1)
-    window = grid[row]
-    partial = (window * keep if v.dtype == torch.uint8 else zero_outside(window, keep)).sum(dim=-1, dtype=acc)
+    keep = torch.arange(_CHUNK, device=positions.device) < (positions - row * _CHUNK).unsqueeze(-1)
+    return row, keep
+
+
+def _prefixes(grid: torch.Tensor, row: torch.Tensor, keep: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """``Σ v[:p]`` in ``acc`` at each position: the running total of whole chunks before ``p``'s chunk plus the
+    entries of that chunk before ``p`` (selected with `zero_outside`, so a NaN or inf after ``p`` stays out)."""
+    counting = grid.dtype == torch.uint8
+    chunk_sums = grid.sum(dim=-1, dtype=torch.int32) if counting else grid.sum(dim=-1)
+    before = torch.cat([torch.zeros(1, dtype=acc, device=grid.device), chunk_sums.cumsum(0, dtype=acc)])
+    window = grid.index_select(0, row)
+    partial = (window * keep if counting else zero_outside(window, keep)).sum(dim=-1, dtype=acc)
     return before[row] + partial
 
 
-def segment_counts(mask: torch.Tensor, offsets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``(S,)`` true entries of the bool ``(L,)`` ``mask`` in each run ``[offsets[s], offsets[s + 1])``, exact."""
-    at = prefix_at(mask.view(torch.uint8), offsets, torch.int64)
-    return (at[1:] - at[:-1]).to(dtype)
+def prefix_at(v: torch.Tensor, positions: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """``Σ v[:p]`` in ``acc`` for each ``p`` of ``positions`` (``(K,)`` int64 in ``[0, L]``), ``v`` ``(L,)`` float or
+    uint8.
 
-
-def segment_sums(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """``(S,)`` sums of the float ``(L,)`` ``x`` over each run, from float64 prefix sums at the run boundaries.
-
-    A run whose prefix difference is not finite (a NaN or inf in ``x`` anywhere before its end) is summed again
-    with ``torch.segment_reduce``, so that each run's sum depends on its own entries only.
+    Two levels, both vectorised: the sums of 32-entry chunks (a row sum of an ``(L/32, 32)`` view) with their
+    running total, plus each position's partial chunk (``K`` rows of 32 gathered and summed). On CPU this is
+    faster than ``torch.segment_reduce`` or a running sum over all ``L`` entries, which go one entry at a time.
     """
-    at = prefix_at(x, offsets, torch.float64)
-    sums = (at[1:] - at[:-1]).to(x.dtype)
-    if bool(torch.isfinite(sums).all()):
-        return sums
-    return torch.segment_reduce(x, "sum", offsets=offsets)
+    grid = _grid(v)
+    row, keep = _chunk_of(positions, grid.shape[0])
+    return _prefixes(grid, row, keep, acc)
+
+
+def packed_sums_and_counts(
+    x: torch.Tensor, mask: torch.Tensor, offsets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(S,)`` sums of the float ``(L,)`` ``x`` and true entries of the bool ``mask`` over each run
+    ``[offsets[s], offsets[s + 1])``, both in ``x``'s dtype.
+
+    Differences of prefix sums at the run boundaries: exact integers for the counts, float64 for the sums.
+    When ``x`` holds a NaN or inf anywhere (the last prefix, the total, is then not finite) the sums come from
+    ``torch.segment_reduce`` instead, so that each run's sum depends on its own entries only.
+    """
+    grid = _grid(x)
+    row, keep = _chunk_of(offsets, grid.shape[0])
+    at = _prefixes(grid, row, keep, torch.float64)
+    if bool(torch.isfinite(at[-1])):
+        sums = (at[1:] - at[:-1]).to(x.dtype)
+    else:
+        sums = torch.segment_reduce(x, "sum", offsets=offsets)
+    n = _prefixes(_grid(mask.view(torch.uint8)), row, keep, torch.int64)
+    return sums, (n[1:] - n[:-1]).to(x.dtype)
 
 
 def sums_and_counts(
@@ -111,7 +128,7 @@ def sums_and_counts(
     if offsets is not None:
         if offsets.numel() == 1:
             return x.new_zeros(0), x.new_zeros(0)
-        return segment_sums(x, offsets), segment_counts(mask, offsets, x.dtype)
+        return packed_sums_and_counts(x, mask, offsets)
     ids, n = segments(x, seq_ids, name=name)
     return segment_sum(x, ids, n), segment_sum(mask.to(x.dtype), ids, n)
 
