@@ -12,7 +12,7 @@ import torch
 from mcprl_grpo._checks import count_true
 from mcprl_grpo._select import zero_outside
 from mcprl_grpo.errors import DTypeError, ShapeError
-from mcprl_grpo.packed_layout import PackedLayout, SeqIds
+from mcprl_grpo.packed_layout import CHUNK, PackedLayout, SeqIds, chunk_of
 
 
 def _check_packed(x: torch.Tensor, seq_ids: SeqIds, name: str) -> None:
@@ -48,22 +48,12 @@ def segment_sum(x: torch.Tensor, ids: torch.Tensor, n: int) -> torch.Tensor:
     return flat.new_zeros(n).index_add(0, ids, flat)
 
 
-_CHUNK = 32
-
-
 def _grid(v: torch.Tensor) -> torch.Tensor:
     """``v`` ``(L,)`` as ``(ceil(L / 32), 32)`` rows, zero-padded at the end (at least one row)."""
-    rows = max(-(-v.numel() // _CHUNK), 1)
-    if rows * _CHUNK != v.numel():
-        v = torch.cat([v, v.new_zeros(rows * _CHUNK - v.numel())])
-    return v.view(rows, _CHUNK)
-
-
-def _chunk_of(positions: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each position ``p`` in ``[0, L]``: its chunk row and which of the row's entries lie before ``p``."""
-    row = torch.div(positions, _CHUNK, rounding_mode="floor").clamp(max=rows - 1)
-    keep = torch.arange(_CHUNK, device=positions.device) < (positions - row * _CHUNK).unsqueeze(-1)
-    return row, keep
+    rows = max(-(-v.numel() // CHUNK), 1)
+    if rows * CHUNK != v.numel():
+        v = torch.cat([v, v.new_zeros(rows * CHUNK - v.numel())])
+    return v.view(rows, CHUNK)
 
 
 def _prefixes(grid: torch.Tensor, row: torch.Tensor, keep: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
@@ -85,13 +75,15 @@ def prefix_at(v: torch.Tensor, positions: torch.Tensor, acc: torch.dtype) -> tor
     running total, plus each position's partial chunk (``K`` rows of 32 gathered and summed). On CPU this is
     faster than ``torch.segment_reduce`` or a running sum over all ``L`` entries, which go one entry at a time.
     """
-    grid = _grid(v)
-    row, keep = _chunk_of(positions, grid.shape[0])
-    return _prefixes(grid, row, keep, acc)
+    row, keep = chunk_of(positions, v.numel())
+    return _prefixes(_grid(v), row, keep, acc)
 
 
 def packed_sums_and_counts(
-    x: torch.Tensor, mask: torch.Tensor, offsets: torch.Tensor
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    offsets: torch.Tensor,
+    boundary_chunks: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(S,)`` sums of the float ``(L,)`` ``x`` and true entries of the bool ``mask`` over each run
     ``[offsets[s], offsets[s + 1])``, both in ``x``'s dtype.
@@ -99,10 +91,10 @@ def packed_sums_and_counts(
     Differences of prefix sums at the run boundaries: exact integers for the counts, float64 for the sums.
     When ``x`` holds a NaN or inf anywhere (the last prefix, the total, is then not finite) the sums come from
     ``torch.segment_reduce`` instead, so that each run's sum depends on its own entries only.
+    ``boundary_chunks`` is `chunk_of` the offsets when the caller has it (a `PackedLayout` keeps it).
     """
-    grid = _grid(x)
-    row, keep = _chunk_of(offsets, grid.shape[0])
-    at = _prefixes(grid, row, keep, torch.float64)
+    row, keep = chunk_of(offsets, x.numel()) if boundary_chunks is None else boundary_chunks
+    at = _prefixes(_grid(x), row, keep, torch.float64)
     if bool(torch.isfinite(at[-1])):
         sums = (at[1:] - at[:-1]).to(x.dtype)
     else:
@@ -124,10 +116,12 @@ def sums_and_counts(
             raise ShapeError(name, x.shape, "(B, T), or packed (L,) together with seq_ids (L,)")
         return x.sum(dim=-1), count_true(mask, x.dtype, dim=-1)
     _check_packed(x, seq_ids, name)
-    offsets = seq_ids.offsets if isinstance(seq_ids, PackedLayout) else _sorted_offsets(seq_ids)
-    if offsets is not None:
-        if offsets.numel() == 1:
+    if isinstance(seq_ids, PackedLayout):
+        if seq_ids.num_seqs == 0:
             return x.new_zeros(0), x.new_zeros(0)
+        return packed_sums_and_counts(x, mask, seq_ids.offsets, seq_ids.boundary_chunks)
+    offsets = _sorted_offsets(seq_ids)
+    if offsets is not None:
         return packed_sums_and_counts(x, mask, offsets)
     ids, n = segments(x, seq_ids, name=name)
     return segment_sum(x, ids, n), segment_sum(mask.to(x.dtype), ids, n)

@@ -8,11 +8,22 @@ that passes the same ids to several functions per micro-batch builds a `PackedLa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from mcprl_grpo.errors import ArgumentError, DTypeError, ShapeError
+
+CHUNK = 32
+
+
+def chunk_of(positions: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For positions in ``[0, length]`` of an ``(L,)`` tensor viewed as ``(ceil(L / CHUNK), CHUNK)`` rows: each
+    position's row, and which of that row's entries lie before the position (``(K, CHUNK)`` bool)."""
+    rows = max(-(-length // CHUNK), 1)
+    row = torch.div(positions, CHUNK, rounding_mode="floor").clamp(max=rows - 1)
+    keep = torch.arange(CHUNK, device=positions.device) < (positions - row * CHUNK).unsqueeze(-1)
+    return row, keep
 
 
 def _check_integer(name: str, x: torch.Tensor) -> None:
@@ -25,10 +36,12 @@ def _check_integer(name: str, x: torch.Tensor) -> None:
 @dataclass(frozen=True, eq=False)
 class PackedLayout:
     """``ids`` ``(L,)`` int64, non-decreasing; ``offsets`` ``(S + 1,)`` int64, sequence ``s`` is
-    ``ids[offsets[s]:offsets[s + 1]]`` (possibly empty). Build it with `from_seq_ids` or `from_lengths`."""
+    ``ids[offsets[s]:offsets[s + 1]]`` (possibly empty); ``boundary_chunks`` is `chunk_of` the offsets, kept for
+    the sums per sequence. Build it with `from_seq_ids` or `from_lengths`."""
 
     ids: torch.Tensor
     offsets: torch.Tensor
+    boundary_chunks: tuple[torch.Tensor, torch.Tensor] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.ids.dtype != torch.int64 or self.offsets.dtype != torch.int64 or self.offsets.dim() != 1:
@@ -39,6 +52,7 @@ class PackedLayout:
             raise ShapeError(
                 "ids", self.ids.shape, f"({int(self.offsets[-1]) if self.offsets.numel() else 0},)"
             )
+        object.__setattr__(self, "boundary_chunks", chunk_of(self.offsets, self.ids.numel()))
 
     @property
     def num_seqs(self) -> int:
