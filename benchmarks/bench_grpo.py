@@ -442,7 +442,7 @@ def vs_verl(b: dict[str, torch.Tensor], reps: int) -> None:
             "virtual environment beside the workspace (a worker process loads the same tensors; values checked "
             "equal). Forward only. Batch: the packed batch above "
             f"({TOKENS:,} tokens) padded to (B, {MAX_LEN}) for verl and for mcprl's padded rows; packed rows give "
-            f"mcprl the (L,) layout with seq_ids. Logits rows: {LOGITS_SHAPE}. The two sides alternate row by row, "
+            f"mcprl the (L,) layout with its PackedLayout. Logits rows: {LOGITS_SHAPE}. The two sides alternate row by row, "
             f"{reps} times; each figure is the best of its {reps} calls in CPU time of the calling thread "
             "(`time.thread_time`, one torch thread on both sides, so time spent descheduled on this shared "
             "machine does not count). "
