@@ -167,3 +167,26 @@ def test_a_non_finite_token_affects_only_its_own_sequence_sum() -> None:
     assert tolist_1d(counts) == [40.0, 1.0, 59.0, 30.0]
     finite_sums, _ = packed_sums_and_counts(torch.arange(130.0), x > 0, offsets)
     assert tolist_1d(finite_sums) == [780.0, 40.0, 59.0 * 70.0, 30.0 * 114.5]
+
+
+@pytest.mark.parametrize("mode", SEQ_MODES)
+def test_packed_gradient_with_a_layout_equals_the_padded_gradient(mode: AggregationMode) -> None:
+    lengths = [37, 0, 5, 64, 1, 33]
+    layout = PackedLayout.from_lengths(torch.tensor(lengths))
+    g = torch.Generator().manual_seed(7)
+    values = torch.randn(sum(lengths), generator=g, dtype=torch.float64)
+    keep = torch.rand(sum(lengths), generator=g) > 0.3
+    packed = values.clone().requires_grad_()
+    aggregate_loss(packed, keep, mode=mode, max_tokens=64, seq_ids=layout).backward()  # pyright: ignore[reportUnknownMemberType]
+    padded = torch.zeros(len(lengths), 64, dtype=torch.float64)
+    padded_keep = torch.zeros(len(lengths), 64, dtype=torch.bool)
+    starts = tolist_1d(layout.offsets)
+    for s, length in enumerate(lengths):
+        padded[s, :length] = values[int(starts[s]) : int(starts[s]) + length]
+        padded_keep[s, :length] = keep[int(starts[s]) : int(starts[s]) + length]
+    padded.requires_grad_()
+    aggregate_loss(padded, padded_keep, mode=mode, max_tokens=64).backward()  # pyright: ignore[reportUnknownMemberType]
+    assert packed.grad is not None
+    assert padded.grad is not None
+    want = torch.cat([padded.grad[s, :length] for s, length in enumerate(lengths)])
+    torch.testing.assert_close(packed.grad, want, rtol=1e-12, atol=1e-12)
