@@ -41,6 +41,8 @@ from results_md import replace_section
 from mcprl_grpo import (
     AggregationMode,
     KLEstimator,
+    PackedLayout,
+    TokenMask,
     aggregate_loss,
     clipped_surrogate_loss,
     entropy_from_logits,
@@ -242,8 +244,11 @@ def mcprl_row(row: Row, d: dict[str, torch.Tensor]) -> Callable[[], torch.Tensor
     """mcprl-grpo's side of ``row``: a call computing the same value as the verl worker's."""
     kind, _, arg = row.name.partition(":")
     sfx = "_l" if row.layout == "packed" else "_p"
-    seq_ids = d["seq_ids"] if row.layout == "packed" else None
-    mask = d["mask" + sfx] if row.masking != "float" else d["mask_p"].float()
+    # Packed rows get the micro-batch's layout, built once where the batch is packed (PackedLayout).
+    seq_ids = PackedLayout.from_seq_ids(d["seq_ids"]) if row.layout == "packed" else None
+    # A float mask is validated once, as the learner does where it builds the micro-batch (TokenMask.of); the
+    # timed call gets the validated mask. verl gets the float tensor and multiplies by it unchecked.
+    mask = d["mask" + sfx] if row.masking != "float" else TokenMask.of(d["mask_p"].float())
     lp, old, ref = d["logprobs" + sfx], d["old" + sfx], d["ref" + sfx]
     match kind:
         case "adv":
@@ -424,16 +429,20 @@ def vs_verl(b: dict[str, torch.Tensor], reps: int) -> None:
         [
             "## bench_grpo: mcprl-grpo vs verl",
             "",
-            "What the rows include beyond the arithmetic: a float mask costs mcprl a 0/1 value check on every call "
-            "that receives it (one fused pass; a bool mask is trusted by its dtype), where verl multiplies by the "
-            "mask as given and checks nothing. Packed seq-* rows reduce per sequence over (L,) with "
-            "torch.segment_reduce (seq_ids sorted), where verl's padded rows are one row sum each.",
+            "What each side is given: float rows hand mcprl the float mask validated once into a TokenMask "
+            "(`TokenMask.of`, outside the timed call, as a learner does once per micro-batch: it checks the 0/1 "
+            "values and keeps the bool mask, the float32 weights and the per-row counts); verl multiplies by the "
+            "float mask as given and checks nothing. A bare float mask given to mcprl is still checked on every "
+            "call. Bool rows give both sides the bool tensor. Packed rows hand mcprl the batch's PackedLayout "
+            "(`PackedLayout.from_seq_ids`, built once per micro-batch, outside the timed call); its seq-* rows sum "
+            "per sequence from 32-entry chunk sums and each boundary's partial chunk, where verl's padded rows "
+            "are one row sum each.",
             "",
             f"Each row computes the same value with mcprl-grpo and with {versions} ({VERL_SOURCE}), run in its own "
             "virtual environment beside the workspace (a worker process loads the same tensors; values checked "
             "equal). Forward only. Batch: the packed batch above "
             f"({TOKENS:,} tokens) padded to (B, {MAX_LEN}) for verl and for mcprl's padded rows; packed rows give "
-            f"mcprl the (L,) layout with seq_ids. Logits rows: {LOGITS_SHAPE}. The two sides alternate row by row, "
+            f"mcprl the (L,) layout with its PackedLayout. Logits rows: {LOGITS_SHAPE}. The two sides alternate row by row, "
             f"{reps} times; each figure is the best of its {reps} calls in CPU time of the calling thread "
             "(`time.thread_time`, one torch thread on both sides, so time spent descheduled on this shared "
             "machine does not count). "

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
         ratio_metrics,
         value_metrics,
     )
+    from mcprl_grpo.packed_layout import PackedLayout
+    from mcprl_grpo.token_mask import TokenMask
 
 __all__ = [
     "AggregationMode",
@@ -57,10 +59,12 @@ __all__ = [
     "GrpoError",
     "KLEstimator",
     "MaskError",
+    "PackedLayout",
     "RatioLevel",
     "Scale",
     "ShapeError",
     "TISMode",
+    "TokenMask",
     "aggregate_loss",
     "aggregation_normalizer",
     "clip_metrics",
@@ -131,6 +135,8 @@ _LAZY: dict[str, str] = {
     "group_metrics": "metrics",
     "ratio_metrics": "metrics",
     "value_metrics": "metrics",
+    "TokenMask": "token_mask",
+    "PackedLayout": "packed_layout",
 }
 
 if not TYPE_CHECKING:  # hidden from type checkers, so that a misspelt name stays an error there

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from mcprl_grpo.errors import ArgumentError, DTypeError, MaskError, ShapeError
+from mcprl_grpo.errors import ArgumentError, DTypeError, ShapeError
+from mcprl_grpo.token_mask import MaskLike, TokenMask, validated_bool
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -39,26 +40,20 @@ def check_ndim(name: str, x: torch.Tensor, ndim: int, layout: str) -> None:
         raise ShapeError(name, x.shape, layout)
 
 
-def as_mask(name: str, mask: torch.Tensor, ref_name: str, ref: torch.Tensor) -> torch.Tensor:
-    """Validate `mask` against `ref` and return it as a bool tensor.
+def as_mask(name: str, mask: MaskLike, ref_name: str, ref: torch.Tensor | None) -> torch.Tensor:
+    """Validate `mask` against `ref` (None: no shape to match) and return it as a bool tensor.
 
-    Accepts bool masks, or integer/float masks holding only 0 and 1. A bool mask is valid by its dtype and is
-    returned as it is, without reading its values. Any other mask is checked in one fused pass:
-    ``v - v·v`` is exactly 0 only for ``v`` in {0, 1} (NaN, inf and every other float give a nonzero result,
-    subnormals included; in integer wrap-around too, since ``v`` and ``1 - v`` are coprime).
+    Accepts bool masks, integer/float masks holding only 0 and 1 (checked on each call by `validated_bool`), or
+    a `TokenMask` (validated when it was built).
 
     Raises:
         ShapeError: the mask's shape differs from `ref`'s.
         MaskError: a non-bool mask holds a value other than 0 or 1.
     """
-    check_same_shape(name, mask, ref_name, ref)
-    if mask.dtype == torch.bool:
-        return mask
-    if mask.is_complex():
-        raise MaskError(f"{name} must be bool or 0/1, got complex dtype {mask.dtype}")
-    if mask.numel() and int(torch.count_nonzero(torch.addcmul(mask, mask, mask, value=-1))):
-        raise MaskError(f"{name} must hold only 0 and 1 (or be bool); found other values")
-    return mask.bool()
+    tensor = mask.keep if isinstance(mask, TokenMask) else mask
+    if ref is not None:
+        check_same_shape(name, tensor, ref_name, ref)
+    return tensor if isinstance(mask, TokenMask) else validated_bool(name, mask)
 
 
 def count_true(mask: torch.Tensor, dtype: torch.dtype, *, dim: int | None = None) -> torch.Tensor:

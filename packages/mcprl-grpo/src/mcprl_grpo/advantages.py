@@ -25,6 +25,8 @@ from mcprl_grpo._select import zero_outside
 from mcprl_grpo.choices import Estimator as Estimator
 from mcprl_grpo.choices import Scale as Scale
 from mcprl_grpo.errors import ShapeError
+from mcprl_grpo.packed_layout import SeqIds
+from mcprl_grpo.token_mask import MaskLike, TokenMask
 
 _DEFAULT_SCALE: dict[str, Scale] = {
     "grpo": "group",
@@ -172,7 +174,7 @@ def contiguous_group_ids(
 
 
 def expand_to_tokens(
-    advantages: torch.Tensor, mask: torch.Tensor, *, seq_ids: torch.Tensor | None = None
+    advantages: torch.Tensor, mask: MaskLike, *, seq_ids: SeqIds | None = None
 ) -> torch.Tensor:
     """Broadcast per-episode advantages to every policy token of the episode.
 
@@ -186,10 +188,17 @@ def expand_to_tokens(
     """
     check_float("advantages", advantages)
     check_ndim("advantages", advantages, 1, "(B,)")
-    m = as_mask("mask", mask, "mask", mask)
+    m = as_mask("mask", mask, "mask", None)
     if seq_ids is None:
         if m.dim() != 2 or m.shape[0] != advantages.shape[0]:
             raise ShapeError("mask", mask.shape, f"({advantages.shape[0]}, T) to match advantages (B,)")
+        if (
+            isinstance(mask, TokenMask)
+            and advantages.dtype == torch.float32
+            and bool(torch.isfinite(advantages).all())
+        ):
+            # Finite values times the validated 0/1 weights: each token's advantage or 0, one multiply.
+            return advantages.unsqueeze(-1) * mask.weights
         return zero_outside(advantages.unsqueeze(-1).expand(m.shape), m)
     ids, n = segments(m, seq_ids, name="mask")
     if n > advantages.shape[0]:

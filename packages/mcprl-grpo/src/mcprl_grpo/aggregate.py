@@ -14,10 +14,12 @@ from typing import assert_never
 import torch
 
 from mcprl_grpo._checks import as_float, as_mask, check_float, check_ndim, check_positive, count_true
-from mcprl_grpo._segments import segment_sum, segments, sums_and_counts
+from mcprl_grpo._segments import sums_and_counts
 from mcprl_grpo._select import zero_outside
 from mcprl_grpo.choices import AggregationMode as AggregationMode
 from mcprl_grpo.errors import ArgumentError
+from mcprl_grpo.packed_layout import SeqIds
+from mcprl_grpo.token_mask import MaskLike, TokenMask
 
 
 def _denominator(local: torch.Tensor, normalizer: float | torch.Tensor | None) -> torch.Tensor:
@@ -31,12 +33,12 @@ def _denominator(local: torch.Tensor, normalizer: float | torch.Tensor | None) -
 
 def aggregate_loss(
     loss: torch.Tensor,
-    mask: torch.Tensor,
+    mask: MaskLike,
     *,
     mode: AggregationMode = "token-mean",
     normalizer: float | torch.Tensor | None = None,
     max_tokens: int | None = None,
-    seq_ids: torch.Tensor | None = None,
+    seq_ids: SeqIds | None = None,
 ) -> torch.Tensor:
     """Reduce per-token losses ``ℓ_{i,t}`` over the mask to a scalar.
 
@@ -65,14 +67,36 @@ def aggregate_loss(
     """
     check_float("loss", loss)
     m = as_mask("mask", mask, "loss", loss)
+    x = as_float(loss)
+    if isinstance(mask, TokenMask) and mode != "token-mean" and seq_ids is None:
+        row_sums = _weighted_row_sums(x, mask)
+        if row_sums is not None:
+            budget = x.shape[-1] if max_tokens is None else max_tokens
+            return _reduce_sequences(*row_sums, mode=mode, normalizer=normalizer, max_tokens=budget)
     return reduce_zeroed(
-        zero_outside(as_float(loss), m),
+        zero_outside(x, m),
         m,
         mode=mode,
         normalizer=normalizer,
         max_tokens=max_tokens,
         seq_ids=seq_ids,
     )
+
+
+def _weighted_row_sums(x: torch.Tensor, mask: TokenMask) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per-row sums and counts of a ``(B, T)`` ``x`` over a validated mask, as ``x · weights``; None when unsafe.
+
+    ``x · 1 = x`` and ``x · 0 = ±0`` for finite ``x``, so the sums equal those of the zeroed ``x`` whenever every
+    row sum is finite; a NaN or inf anywhere in a row makes its sum non-finite, and the caller then takes the
+    exact masking path, which keeps masked-out NaN/inf out of the result.
+    """
+    if mask.row_counts is None or x.dim() != 2:
+        return None
+    w = mask.weights if mask.weights.dtype == x.dtype else mask.weights.to(x.dtype)
+    sums = (x * w).sum(dim=-1)
+    if not bool(torch.isfinite(sums).all()):
+        return None
+    return sums, mask.row_counts.to(x.dtype)
 
 
 def reduce_zeroed(
@@ -82,7 +106,7 @@ def reduce_zeroed(
     mode: AggregationMode,
     normalizer: float | torch.Tensor | None,
     max_tokens: int | None,
-    seq_ids: torch.Tensor | None,
+    seq_ids: SeqIds | None,
 ) -> torch.Tensor:
     """`aggregate_loss` for a float32/float64 ``x`` that is already exactly 0 outside the bool mask ``m``.
 
@@ -90,8 +114,22 @@ def reduce_zeroed(
     """
     if mode == "token-mean":
         return x.sum() / _denominator(count_true(m, x.dtype), normalizer)
+    if max_tokens is None and seq_ids is None:
+        max_tokens = x.shape[-1]
     seq_sum, seq_len = sums_and_counts(x, m, seq_ids, name="loss")
-    num_seqs = count_true(seq_len > 0, x.dtype)
+    return _reduce_sequences(seq_sum, seq_len, mode=mode, normalizer=normalizer, max_tokens=max_tokens)
+
+
+def _reduce_sequences(
+    seq_sum: torch.Tensor,
+    seq_len: torch.Tensor,
+    *,
+    mode: AggregationMode,
+    normalizer: float | torch.Tensor | None,
+    max_tokens: int | None,
+) -> torch.Tensor:
+    """The seq-* modes from per-sequence sums and token counts (``max_tokens`` None only for packed input)."""
+    num_seqs = count_true(seq_len > 0, seq_sum.dtype)
     match mode:
         case "seq-mean-token-mean":
             return (seq_sum / seq_len.clamp(min=1.0)).sum() / _denominator(num_seqs, normalizer)
@@ -99,26 +137,24 @@ def reduce_zeroed(
             return seq_sum.sum() / _denominator(num_seqs, normalizer)
         case "seq-mean-token-sum-norm":
             if max_tokens is None:
-                if seq_ids is not None:
-                    raise ArgumentError(
-                        "max_tokens is required for packed (L,) input in seq-mean-token-sum-norm"
-                    )
-                max_tokens = x.shape[-1]
+                raise ArgumentError("max_tokens is required for packed (L,) input in seq-mean-token-sum-norm")
             check_positive("max_tokens", max_tokens)
             return seq_sum.sum() / (_denominator(num_seqs, normalizer) * max_tokens)
+        case "token-mean":
+            return seq_sum.sum() / _denominator(seq_len.sum(), normalizer)
         case _:
             assert_never(mode)
 
 
 def aggregation_normalizer(
-    mask: torch.Tensor, *, mode: AggregationMode = "token-mean", seq_ids: torch.Tensor | None = None
+    mask: MaskLike, *, mode: AggregationMode = "token-mean", seq_ids: SeqIds | None = None
 ) -> torch.Tensor:
     """The local denominator `aggregate_loss` would use (tokens or non-empty sequences), as float32.
 
     Sum it over every micro-batch of an optimizer step (and all-reduce across ranks) to get the global
     ``normalizer``.
     """
-    m = as_mask("mask", mask, "mask", mask)
+    m = as_mask("mask", mask, "mask", None)
     match mode:
         case "token-mean":
             return count_true(m, torch.float32)
@@ -126,8 +162,7 @@ def aggregation_normalizer(
             if seq_ids is None:
                 check_ndim("mask", m, 2, "(B, T), or packed (L,) together with seq_ids (L,)")
                 return count_true(count_true(m, torch.int32, dim=-1) > 0, torch.float32)
-            mf = m.to(torch.float32)
-            ids, n = segments(mf, seq_ids, name="mask")
-            return count_true(segment_sum(mf, ids, n) > 0, torch.float32)
+            _, counts = sums_and_counts(m.to(torch.float32), m, seq_ids, name="mask")
+            return count_true(counts > 0, torch.float32)
         case _:
             assert_never(mode)

@@ -19,12 +19,13 @@ from mcprl_grpo._checks import (
     check_unit_interval,
 )
 from mcprl_grpo.errors import ShapeError
+from mcprl_grpo.token_mask import MaskLike
 
 
 def gae_advantages(
     rewards: torch.Tensor,
     values: torch.Tensor,
-    mask: torch.Tensor,
+    mask: MaskLike,
     *,
     gamma: float = 1.0,
     lam: float = 1.0,
@@ -80,7 +81,7 @@ def gae_advantages(
     return adv, returns
 
 
-def rewards_at_last_token(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def rewards_at_last_token(rewards: torch.Tensor, mask: MaskLike) -> torch.Tensor:
     """Place each sequence's scalar reward on its last policy token (the usual outcome-reward layout).
 
     Args:
@@ -93,9 +94,9 @@ def rewards_at_last_token(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Te
     """
     check_float("rewards", rewards)
     check_ndim("rewards", rewards, 1, "(B,)")
-    if mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:
-        raise ShapeError("mask", mask.shape, f"({rewards.shape[0]}, T) to match rewards (B,)")
-    m = as_mask("mask", mask, "mask", mask)
+    m = as_mask("mask", mask, "mask", None)
+    if m.dim() != 2 or m.shape[0] != rewards.shape[0]:
+        raise ShapeError("mask", m.shape, f"({rewards.shape[0]}, T) to match rewards (B,)")
     t = m.shape[1]
     positions = torch.arange(t, device=m.device).expand_as(m)
     last = torch.where(m, positions, torch.full_like(positions, -1)).amax(dim=1, keepdim=True) if t else None

@@ -18,9 +18,11 @@ from mcprl_grpo.choices import RatioLevel as RatioLevel
 from mcprl_grpo.choices import TISMode as TISMode
 from mcprl_grpo.kl import token_kl
 from mcprl_grpo.masked import masked_mean
+from mcprl_grpo.packed_layout import SeqIds
+from mcprl_grpo.token_mask import MaskLike
 
 
-def log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: MaskLike) -> torch.Tensor:
     """``log π_θ(y_t) - log π_old(y_t)`` on masked positions, 0 elsewhere.
 
     Args:
@@ -40,7 +42,7 @@ def log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Te
     return torch.where(m, diff, torch.zeros((), dtype=lp.dtype, device=lp.device))
 
 
-def token_ratios(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def token_ratios(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: MaskLike) -> torch.Tensor:
     """Per-token ratios ``r_t = π_θ(y_t)/π_old(y_t)`` (Schulman et al. 2017, PPO eq. 6); 1 outside the mask.
 
     Returns:
@@ -52,9 +54,9 @@ def token_ratios(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch
 def sequence_ratios(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
-    mask: torch.Tensor,
+    mask: MaskLike,
     *,
-    seq_ids: torch.Tensor | None = None,
+    seq_ids: SeqIds | None = None,
 ) -> torch.Tensor:
     """GSPO sequence ratios ``s_i = exp(1/|y_i| Σ_t log r_{i,t})`` (Zheng et al. 2025, GSPO eq. 7).
 
@@ -78,9 +80,9 @@ def sequence_ratios(
 def gspo_token_ratios(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
-    mask: torch.Tensor,
+    mask: MaskLike,
     *,
-    seq_ids: torch.Tensor | None = None,
+    seq_ids: SeqIds | None = None,
 ) -> torch.Tensor:
     """GSPO-token ratios ``s_{i,t} = sg[s_i] · π_θ(y_t)/sg[π_θ(y_t)]`` (Zheng et al. 2025, GSPO eq. 13).
 
@@ -103,12 +105,12 @@ def gspo_token_ratios(
 def tis_weights(
     old_logprobs: torch.Tensor,
     sampler_logprobs: torch.Tensor,
-    mask: torch.Tensor,
+    mask: MaskLike,
     *,
     cap: float = 2.0,
     level: RatioLevel = "token",
     mode: TISMode = "truncate",
-    seq_ids: torch.Tensor | None = None,
+    seq_ids: SeqIds | None = None,
 ) -> torch.Tensor:
     """Truncated importance-sampling weights for sampler/trainer mismatch (no gradient).
 
@@ -153,7 +155,7 @@ def tis_weights(
 def mismatch_metrics(
     old_logprobs: torch.Tensor,
     sampler_logprobs: torch.Tensor,
-    mask: torch.Tensor,
+    mask: MaskLike,
     *,
     cap: float | None = None,
 ) -> dict[str, float]:

@@ -22,12 +22,14 @@ from mcprl_grpo._select import zero_outside
 from mcprl_grpo.aggregate import reduce_zeroed
 from mcprl_grpo.choices import AggregationMode
 from mcprl_grpo.choices import KLEstimator as KLEstimator
+from mcprl_grpo.packed_layout import SeqIds
+from mcprl_grpo.token_mask import MaskLike
 
 
 def token_kl(
     logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,
-    mask: torch.Tensor,
+    mask: MaskLike,
     *,
     estimator: KLEstimator = "k3",
 ) -> torch.Tensor:
@@ -70,7 +72,7 @@ def kl_penalty_rewards(
     rewards: torch.Tensor,
     logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,
-    mask: torch.Tensor,
+    mask: MaskLike,
     *,
     coef: float,
     estimator: KLEstimator = "k1",
@@ -102,12 +104,12 @@ def kl_penalty_rewards(
 def kl_loss(
     logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,
-    mask: torch.Tensor,
+    mask: MaskLike,
     *,
     estimator: KLEstimator = "k3",
     mode: AggregationMode = "token-mean",
     normalizer: float | torch.Tensor | None = None,
-    seq_ids: torch.Tensor | None = None,
+    seq_ids: SeqIds | None = None,
 ) -> torch.Tensor:
     """KL as a loss term: `token_kl` reduced by `aggregate_loss` (multiply by β and add to the policy loss).
 

@@ -21,6 +21,8 @@ from mcprl_grpo._checks import (
 from mcprl_grpo._select import zero_outside
 from mcprl_grpo.errors import ArgumentError, ShapeError
 from mcprl_grpo.importance import RatioLevel, gspo_token_ratios, token_ratios
+from mcprl_grpo.packed_layout import SeqIds
+from mcprl_grpo.token_mask import MaskLike
 
 
 def _broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -49,14 +51,14 @@ def clipped_surrogate_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
+    mask: MaskLike,
     *,
     eps_low: float = 0.2,
     eps_high: float | None = None,
     dual_clip: float | None = None,
     ratio_level: RatioLevel = "token",
     is_weights: torch.Tensor | None = None,
-    seq_ids: torch.Tensor | None = None,
+    seq_ids: SeqIds | None = None,
 ) -> torch.Tensor:
     """Per-token clipped surrogate loss ``-min(r·Â, clip(r, 1-ε_low, 1+ε_high)·Â)``.
 
@@ -110,7 +112,7 @@ def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,
     returns: torch.Tensor,
-    mask: torch.Tensor,
+    mask: MaskLike,
     *,
     clip: float | None = None,
 ) -> torch.Tensor:
@@ -146,7 +148,7 @@ def value_loss(
     return zero_outside(loss, m)
 
 
-def entropy_loss(entropy: torch.Tensor, mask: torch.Tensor, *, coef: float) -> torch.Tensor:
+def entropy_loss(entropy: torch.Tensor, mask: MaskLike, *, coef: float) -> torch.Tensor:
     """Per-token entropy bonus as a loss term: ``-coef · H_t`` (minimising it raises entropy).
 
     Mnih et al. 2016 (A3C, eq. before §5) / Schulman et al. 2017, PPO eq. (9).

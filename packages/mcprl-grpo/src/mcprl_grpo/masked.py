@@ -12,11 +12,12 @@ import torch
 
 from mcprl_grpo._checks import as_float, as_mask, check_float, check_non_negative
 from mcprl_grpo._select import zero_outside
+from mcprl_grpo.token_mask import MaskLike
 
 Dim = int | tuple[int, ...] | None
 
 
-def _prepare(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _prepare(x: torch.Tensor, mask: MaskLike) -> tuple[torch.Tensor, torch.Tensor]:
     check_float("x", x)
     m = as_mask("mask", mask, "x", x)
     return zero_outside(as_float(x), m), m
@@ -28,9 +29,7 @@ def _sum(x: torch.Tensor, dim: Dim, keepdim: bool) -> torch.Tensor:
     return x.sum(dim=dim, keepdim=keepdim)
 
 
-def masked_sum(
-    x: torch.Tensor, mask: torch.Tensor, *, dim: Dim = None, keepdim: bool = False
-) -> torch.Tensor:
+def masked_sum(x: torch.Tensor, mask: MaskLike, *, dim: Dim = None, keepdim: bool = False) -> torch.Tensor:
     """Sum of ``x`` over entries where ``mask`` is true.
 
     Args:
@@ -46,15 +45,13 @@ def masked_sum(
     return _sum(xz, dim, keepdim)
 
 
-def masked_count(mask: torch.Tensor, *, dim: Dim = None, keepdim: bool = False) -> torch.Tensor:
+def masked_count(mask: MaskLike, *, dim: Dim = None, keepdim: bool = False) -> torch.Tensor:
     """Number of true entries of ``mask`` (float32), reduced like `masked_sum`."""
-    m = as_mask("mask", mask, "mask", mask)
+    m = as_mask("mask", mask, "mask", None)
     return _sum(m.to(torch.float32), dim, keepdim)
 
 
-def masked_mean(
-    x: torch.Tensor, mask: torch.Tensor, *, dim: Dim = None, keepdim: bool = False
-) -> torch.Tensor:
+def masked_mean(x: torch.Tensor, mask: MaskLike, *, dim: Dim = None, keepdim: bool = False) -> torch.Tensor:
     """Mean of ``x`` over entries where ``mask`` is true; 0 (not NaN) where nothing is selected.
 
     Args:
@@ -73,7 +70,7 @@ def masked_mean(
 
 
 def masked_var(
-    x: torch.Tensor, mask: torch.Tensor, *, dim: Dim = None, keepdim: bool = False, unbiased: bool = True
+    x: torch.Tensor, mask: MaskLike, *, dim: Dim = None, keepdim: bool = False, unbiased: bool = True
 ) -> torch.Tensor:
     """Variance of ``x`` over entries where ``mask`` is true; 0 (not NaN) when too few entries are selected.
 
@@ -102,7 +99,7 @@ def masked_var(
 
 
 def masked_whiten(
-    x: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True, eps: float = 1e-8
+    x: torch.Tensor, mask: MaskLike, *, shift_mean: bool = True, eps: float = 1e-8
 ) -> torch.Tensor:
     """Normalise ``x`` to zero mean and unit variance over the masked entries (all dimensions together).
 

@@ -13,9 +13,10 @@ from mcprl_grpo._groups import group_rewards
 from mcprl_grpo.importance import log_ratio
 from mcprl_grpo.losses import check_clip
 from mcprl_grpo.masked import masked_mean, masked_var
+from mcprl_grpo.token_mask import MaskLike
 
 
-def ratio_metrics(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def ratio_metrics(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: MaskLike) -> dict[str, float]:
     """Importance-ratio health over masked tokens.
 
     Keys: ``ratio/mean``, ``ratio/std``, ``ratio/min``, ``ratio/max``, ``ratio/max_abs_dev`` (max ``|r - 1|``),
@@ -47,7 +48,7 @@ def clip_metrics(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
+    mask: MaskLike,
     *,
     eps_low: float = 0.2,
     eps_high: float | None = None,
@@ -110,7 +111,7 @@ def group_metrics(
     }
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: MaskLike) -> float:
     """``1 - Var[R - V] / Var[R]`` over masked tokens; 0.0 when ``Var[R]`` is 0 or the mask is empty.
 
     1 is a perfect value function, 0 no better than a constant, negative worse than a constant.
@@ -134,7 +135,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
         return float(1.0 - masked_var(torch.where(m, r - v, zero), m) / var_r)
 
 
-def value_metrics(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def value_metrics(values: torch.Tensor, returns: torch.Tensor, mask: MaskLike) -> dict[str, float]:
     """Keys: ``value/explained_var``, ``value/mean``, ``value/return_mean``, ``value/mse``."""
     with torch.no_grad():
         m = as_mask("mask", mask, "values", values)
