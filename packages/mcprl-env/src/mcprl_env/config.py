@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import difflib
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -9,6 +10,7 @@ from typing import Any, Literal
 import attrs
 
 from mcprl_env.errors import ConfigError
+from mcprl_env.template_clock import fixed_strftime_now
 
 __all__ = ["DEFAULT_REWARD_WEIGHTS", "EnvConfig", "RewardConfig"]
 
@@ -82,6 +84,30 @@ def _check_turns(instance: object, attribute: object, value: Mapping[str, int]) 
         raise ConfigError("max_turns_by_difficulty values must be integers >= 1")
 
 
+def _to_date(value: datetime.date | str | None) -> datetime.date | None:
+    if isinstance(value, str):
+        try:
+            return datetime.date.fromisoformat(value)
+        except ValueError as exc:
+            raise ConfigError(f"template_date {value!r} is not a date; expected YYYY-MM-DD") from exc
+    return value
+
+
+def _check_date(instance: object, attribute: object, value: object) -> None:
+    del instance, attribute
+    if value is not None and (not isinstance(value, datetime.date) or isinstance(value, datetime.datetime)):
+        raise ConfigError(f"template_date must be a date (YYYY-MM-DD) or None, got {value!r}")
+
+
+def _check_template_kwargs(instance: object, attribute: object, value: Mapping[str, Any]) -> None:
+    del instance, attribute
+    if "strftime_now" in value:
+        raise ConfigError(
+            "chat_template_kwargs cannot set strftime_now: set template_date (YYYY-MM-DD) to fix the date the "
+            "template prints"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class EnvConfig:
     """How episodes run.
@@ -106,6 +132,10 @@ class EnvConfig:
             (the think block of the turn just sampled, whitespace of the tool responses before it): that text
             stays as the model saw or generated it (see `mcprl_env.Transcript`).
         chat_template_kwargs: Extra keyword arguments for ``apply_chat_template`` (e.g. ``enable_thinking``).
+        template_date: The day a template that prints today's date (``strftime_now``; Llama 3's
+            ``date_string`` when ``chat_template_kwargs`` sets none) sees, at every render: re-renders and
+            demonstrations then match what the model saw whatever the clock says. None (default): the day the
+            `Environment` is created, fixed for its lifetime (see `mcprl_env.template_clock`).
         reward: Reward weights.
     """
 
@@ -127,9 +157,19 @@ class EnvConfig:
     on_template_drift: Literal["raise", "report"] = attrs.field(
         default="raise", validator=attrs.validators.in_(("raise", "report"))
     )
-    chat_template_kwargs: dict[str, Any] = attrs.field(factory=dict, converter=dict)
+    chat_template_kwargs: dict[str, Any] = attrs.field(
+        factory=dict, converter=dict, validator=_check_template_kwargs
+    )
+    template_date: datetime.date | None = attrs.field(default=None, converter=_to_date, validator=_check_date)
     reward: RewardConfig = attrs.field(factory=RewardConfig)
 
     def max_turns_for(self, difficulty: str, override: int | None = None) -> int:
         """Turn limit of a task with ``difficulty`` (``override`` = the task's own ``max_turns``)."""
         return override if override is not None else self.max_turns_by_difficulty[difficulty]
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """Every ``apply_chat_template`` keyword argument of a render: ``chat_template_kwargs``, and a
+        ``strftime_now`` fixed on ``template_date`` when it is set."""
+        if self.template_date is None:
+            return dict(self.chat_template_kwargs)
+        return {"strftime_now": fixed_strftime_now(self.template_date), **self.chat_template_kwargs}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable, Iterable
 
 import anyio
+import attrs
 
 from mcprl_env.config import EnvConfig
 from mcprl_env.episode import Episode, EpisodeGroup
@@ -36,7 +38,8 @@ class Environment:
     Args:
         manager: Tool manager (an entered `mcprl_tools.ToolManager`, or anything satisfying `ToolCaller`).
         tokenizer: Chat tokenizer whose template renders tools and tool responses.
-        config: Episode limits, parser family and reward weights.
+        config: Episode limits, parser family and reward weights. Without ``config.template_date``, the
+            environment's config fixes it on today, so its renders never see the date change.
         parser: Tool-call parser (default: ``resolve_parser(config.parser, tokenizer)``: the family named by
             ``config.parser``, or recognised from the chat template when it is ``"auto"``).
 
@@ -55,13 +58,14 @@ class Environment:
     ) -> None:
         self.manager = manager
         self.tokenizer = tokenizer
-        self.config = config if config is not None else EnvConfig()
+        config = config if config is not None else EnvConfig()
+        if config.template_date is None:
+            config = attrs.evolve(config, template_date=datetime.date.today())
+        self.config = config
         self.parser = (
             parser
             if parser is not None
-            else resolve_parser(
-                self.config.parser, tokenizer, template_kwargs=self.config.chat_template_kwargs
-            )
+            else resolve_parser(self.config.parser, tokenizer, template_kwargs=self.config.template_kwargs())
         )
         self._access_cache: dict[tuple[tuple[str, ...] | None, tuple[str, ...] | None], ToolAccess] = {}
 

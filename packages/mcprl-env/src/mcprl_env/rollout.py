@@ -104,7 +104,7 @@ class _Rollout:
         self.max_turns = config.max_turns_for(task.difficulty, task.max_turns)
         self.stats = EpisodeStats()
         self.transcript = Transcript(
-            tokenizer, on_drift=config.on_template_drift, template_kwargs=config.chat_template_kwargs
+            tokenizer, on_drift=config.on_template_drift, template_kwargs=config.template_kwargs()
         )
         self.answer: str | None = None
         self.consecutive_invalid = 0

@@ -20,6 +20,7 @@ one red ``error:`` line and exit code 2; ``--debug`` (before or after the subcom
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import traceback
@@ -370,6 +371,8 @@ def _open_run(config: Config, resumed: RunDir | None) -> tuple[Config, RunDir, b
     from mcprl_train.run.run_dir import RunDir
 
     if resumed is None:
+        if config.env.template_date is None:  # the day every render of this run prints, resumed runs included
+            config = config.replace([f"env.template_date={datetime.date.today().isoformat()}"])
         return config, RunDir.create(config), False
     resumed.write_config(config)
     return config, resumed, True

@@ -5,6 +5,7 @@ Nothing here knows the sections; `mcprl_train.config.structure` turns the merged
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import json
 from collections.abc import Mapping, Sequence
@@ -103,7 +104,7 @@ def unknown_key_message(path: str, candidates: Sequence[str]) -> str:
 
 
 def plain_data(tree: Mapping[str, Any]) -> dict[str, Any]:
-    """``tree`` as plain YAML/JSON-able data: nested dicts and lists (tuples become lists)."""
+    """``tree`` as plain YAML/JSON-able data: nested dicts and lists (tuples become lists, dates ISO strings)."""
     return {k: _plain(v) for k, v in tree.items()}
 
 
@@ -112,4 +113,6 @@ def _plain(value: object) -> object:
         return plain_data(value)
     if is_list(value):
         return [_plain(v) for v in value]
+    if isinstance(value, datetime.date):
+        return value.isoformat()
     return value

@@ -12,6 +12,7 @@ read a shape of its own (the tagged union of `mcprl_train.config.sections.ToolsC
 
 from __future__ import annotations
 
+import datetime
 import functools
 import re
 import types
@@ -138,6 +139,8 @@ def _structure_leaf(value: object, hint: object, origin: object, path: str) -> o
         return _number(value)
     if hint is str:
         return value if isinstance(value, str) else _MISSING
+    if hint is datetime.date:
+        return _date(value)
     if origin is tuple and is_list(value):
         args = get_args(hint)
         if len(args) == 2 and args[1] is Ellipsis:
@@ -149,6 +152,17 @@ def _structure_leaf(value: object, hint: object, origin: object, path: str) -> o
     if origin is dict and is_mapping(value):
         key_t, val_t = get_args(hint)
         return {structure(k, key_t, path): structure(v, val_t, f"{path}.{k}") for k, v in value.items()}
+    return _MISSING
+
+
+def _date(value: object) -> object:
+    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+        return value  # YAML reads an unquoted 2026-11-24 as a date
+    if isinstance(value, str):
+        try:
+            return datetime.date.fromisoformat(value)
+        except ValueError:
+            return _MISSING
     return _MISSING
 
 
@@ -218,6 +232,8 @@ def _describe(hint: object) -> str:
         return f"a list of {len(args)} values"
     if origin is dict or (isinstance(hint, type) and attrs.has(hint)):
         return "a mapping"
+    if hint is datetime.date:
+        return "a date (YYYY-MM-DD)"
     names: dict[object, str] = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
     return names.get(hint, str(hint))
 

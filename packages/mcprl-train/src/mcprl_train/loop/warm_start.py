@@ -146,7 +146,7 @@ def render_demonstrations(
                     tokenizer,
                     demo.messages,
                     schemas,
-                    template_kwargs=env.config.chat_template_kwargs,
+                    template_kwargs=env.config.template_kwargs(),
                     end_of_turn=end_of_turn,
                 )
             )
