@@ -57,6 +57,7 @@ class Side:
     name: str
     step_wall_s: list[float]
     step_cpu_s: list[float]
+    step_tokens: list[float]
     curve: list[Point]
 
     def time_to(self, success: float) -> tuple[float, float] | None:
@@ -110,6 +111,9 @@ def run_mcprl(args: argparse.Namespace, policy: Path, out: Path) -> Side:
     cpu = [s["cpu_s"] for s in steps]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["kind"] == "eval"]
+    tokens = [
+        r["rollout/sampled_tokens_mean"] * r["rollout/episodes"] for r in records if r["kind"] == "grpo"
+    ]
     curve = [
         Point(
             step=r["step"],
@@ -119,7 +123,7 @@ def run_mcprl(args: argparse.Namespace, policy: Path, out: Path) -> Side:
         )
         for r in evals
     ]
-    return Side(name="mcprl", step_wall_s=wall, step_cpu_s=cpu, curve=curve)
+    return Side(name="mcprl", step_wall_s=wall, step_cpu_s=cpu, step_tokens=tokens, curve=curve)
 
 
 def _timed_main(steps_file: Path, cli: list[str]) -> int:
@@ -197,12 +201,15 @@ async def evaluate_dirs(config_run: Path, models: list[Path]) -> list[float]:
     return rates
 
 
-def trl_side(target: Path, mcprl_run: Path, start: Point) -> Side:
+def trl_side(target: Path, mcprl_run: Path, start: Point, episodes: int) -> Side:
     import anyio
 
     steps = [json.loads(line) for line in (target / "steps.jsonl").read_text().splitlines()]
     wall = [s["wall_s"] for s in steps]
     cpu = [s["cpu_s"] for s in steps]
+    history = json.loads((target / "log_history.json").read_text())
+    # completions/mean_length counts the model's tokens only (TRL's tool_mask leaves the tool results out).
+    tokens = [h["completions/mean_length"] * episodes for h in history if "completions/mean_length" in h]
     saved = sorted((p for p in target.glob("step-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]))
     rates = anyio.run(evaluate_dirs, mcprl_run, saved)
     curve = [start] + [
@@ -214,7 +221,7 @@ def trl_side(target: Path, mcprl_run: Path, start: Point) -> Side:
         )
         for p, r in zip(saved, rates, strict=True)
     ]
-    return Side(name="TRL", step_wall_s=wall, step_cpu_s=cpu, curve=curve)
+    return Side(name="TRL", step_wall_s=wall, step_cpu_s=cpu, step_tokens=tokens, curve=curve)
 
 
 def speedup(mcprl: Side, trl: Side) -> tuple[float, float, float | None, str]:
@@ -238,7 +245,7 @@ def median(xs: list[float]) -> float:
 
 
 def report(
-    mcprl: Side, trl: Side, args: argparse.Namespace, command: str, load: tuple[float, ...]
+    mcprl: Side, trl: Side, args: argparse.Namespace, command: str, load: tuple[float, ...], sft_steps: int
 ) -> list[str]:
     wall, cpu, both, why = speedup(mcprl, trl)
     lines = [
@@ -248,20 +255,26 @@ def report(
         "`demo` preset), MCP servers (finance, calculator, messaging over stdio), reward (mcprl's default weights,",
         "demo checker), group size, episodes per step and lr; evaluation by mcprl's evaluator on the same held-out",
         "tasks (greedy). What TRL does differently is in `benchmarks/trl_grpo.py`'s docstring and `grpo_config`.",
+        "TRL's loop ends a rollout at the first turn without a parsed tool call, and it has one completion budget",
+        "(every turn and tool result together) and one tool-iteration limit for all tasks; mcprl answers a malformed",
+        "call with an error turn (up to 3 in a row) and caps each turn and the episode. A weak policy therefore",
+        "samples fewer tokens per episode under TRL: 'CPU ms per sampled token' compares the same unit.",
         "",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {platform.machine()}, "
         f"{os.cpu_count()} cores, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (shared)",
         f"- command: `{command}`",
+        f"- warm start: `{args.warm}`, {sft_steps} SFT steps (`uv run mcprl-train --set run.steps=0`)",
         f"- setup: {args.steps} steps x {args.tasks_per_step} tasks x {args.group_size} episodes, lr {args.lr}, "
         f"evaluation on {args.eval_tasks} tasks every {args.eval_every} steps",
         "",
-        "| side | step wall s (median) | step CPU s (median) | steps/evals |",
-        "|---|---|---|---|",
+        "| side | step wall s (median) | step CPU s (median) | sampled tokens per step | CPU ms per sampled token |",
+        "|---|---|---|---|---|",
     ]
     for side in (mcprl, trl):
+        per_token = 1000 * sum(side.step_cpu_s) / sum(side.step_tokens)
         lines.append(
             f"| {side.name} | {median(side.step_wall_s):.1f} | {median(side.step_cpu_s):.1f} | "
-            f"{len(side.step_wall_s)}/{len(side.curve)} |"
+            f"{median(side.step_tokens):.0f} | {per_token:.1f} |"
         )
     lines += [
         "",
@@ -297,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--warm", type=Path, required=True, help="a warm-started checkpoint or run directory")
     parser.add_argument("--out", type=Path, default=Path("outputs/bench_vs_trl"))
-    parser.add_argument("--quick", action="store_true", help="3 steps x 4 tasks x 8, evaluation on 32 tasks")
+    parser.add_argument("--quick", action="store_true", help="2 steps x 4 tasks x 8, evaluation on 24 tasks")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--tasks-per-step", type=int, default=32)
     parser.add_argument("--group-size", type=int, default=8)
@@ -309,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-results", action="store_true", help="rewrite this section of RESULTS.md")
     args = parser.parse_args(raw)
     if args.quick:
-        args.steps, args.tasks_per_step, args.eval_every, args.eval_tasks = 3, 4, 3, 32
+        args.steps, args.tasks_per_step, args.eval_every, args.eval_tasks = 2, 4, 2, 24
     if args.steps % args.eval_every:
         parser.error(f"--steps ({args.steps}) must be a multiple of --eval-every ({args.eval_every})")
 
@@ -322,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "uv run python benchmarks/bench_vs_trl.py " + " ".join(raw)
     mcprl = run_mcprl(args, policy, args.out)
     target = run_trl(args, policy, args.out)
-    trl = trl_side(target, args.out / "mcprl", mcprl.curve[0])
-    lines = report(mcprl, trl, args, command, os.getloadavg())
+    trl = trl_side(target, args.out / "mcprl", mcprl.curve[0], args.tasks_per_step * args.group_size)
+    lines = report(mcprl, trl, args, command, os.getloadavg(), int(warm.meta["state"]["sft_step"]))
     print("\n".join(lines))
     if args.write_results:
         from results_md import replace_section

@@ -106,7 +106,7 @@ def test_an_unparsed_call_is_a_parse_error_and_a_forced_stop() -> None:
 
 def _side(bench: ModuleType, name: str, points: list[tuple[int, float, float]]) -> Any:
     curve = [bench.Point(step=s, wall_s=w, cpu_s=w / 2, success=r) for s, w, r in points]
-    return bench.Side(name=name, step_wall_s=[1.0], step_cpu_s=[1.0], curve=curve)
+    return bench.Side(name=name, step_wall_s=[1.0], step_cpu_s=[1.0], step_tokens=[1.0], curve=curve)
 
 
 def test_the_headline_is_trls_time_to_the_rate_both_reach_over_mcprls() -> None:
