@@ -218,6 +218,25 @@ def load_rows(path: Path, max_turns: dict[str, int]) -> list[dict[str, Any]]:
     return rows
 
 
+_REQUIRED = {
+    "get_quote": ("symbol",),
+    "search_symbols": ("query",),
+    "calculate": ("expression",),
+    "post_message": ("channel", "text"),
+    "read_messages": ("channel",),
+}
+
+
+def well_formed(call: dict[str, Any]) -> bool:
+    """A call mcprl would run: a known tool with its required string arguments (else a schema-invalid call)."""
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    required = _REQUIRED.get(function.get("name", ""))
+    if required is None or not isinstance(arguments, dict):
+        return False
+    return all(isinstance(arguments.get(key), str) for key in required)
+
+
 def episode_reward(
     task: dict[str, Any], messages: list[dict[str, Any]], env: _Episode, max_turns: int
 ) -> float:
@@ -227,8 +246,13 @@ def episode_reward(
     from mcprl_tasks import demo_succeeds
     from mcprl_tasks.scoring import final_answer
 
+    malformed = sum(not well_formed(c) for m in messages for c in m.get("tool_calls") or [])
+    messages = [
+        {**m, "tool_calls": [c for c in m["tool_calls"] if well_formed(c)]} if m.get("tool_calls") else m
+        for m in messages
+    ]
     assistant = [m for m in messages if m["role"] == "assistant"]
-    calls = sum(len(m.get("tool_calls") or []) for m in assistant)
+    calls = sum(len(m.get("tool_calls") or []) for m in assistant) + malformed
     # A call TRL could not parse stays as text in the assistant's content.
     parse_errors = sum(
         1 for m in assistant if not m.get("tool_calls") and "<tool_call>" in str(m.get("content") or "")
@@ -246,7 +270,8 @@ def episode_reward(
         max_turns=max_turns,
         tool_calls=calls,
         tool_calls_ok=env.calls_ok,
-        invalid_calls=parse_errors + unknown,
+        # A malformed call also fails in TRL's loop ({'error': ...}): the two counts overlap.
+        invalid_calls=parse_errors + max(unknown, malformed),
         parse_errors=parse_errors,
         answer_given=bool(answer),
     )

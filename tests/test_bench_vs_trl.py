@@ -128,3 +128,19 @@ def test_no_rate_both_reach_gives_nan_and_says_why() -> None:
     assert math.isnan(cpu)
     assert both is None
     assert "start" in why
+
+
+def test_a_call_without_its_required_arguments_is_invalid_not_a_crash() -> None:
+    trl_grpo = _load("trl_grpo")
+    demo = json.loads((ROOT / "apps/mcprl-tasks/src/mcprl_tasks/data/demo/validation.json").read_text())
+    task = next(t for t in demo if t["checker"]["type"] == "message_posted")
+    call = {"type": "function", "function": {"name": "post_message", "arguments": {"text": "1"}}}
+    messages = [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "post_message", "content": "{'error': 'missing channel'}"},
+        {"role": "assistant", "content": "<answer>done</answer>"},
+    ]
+    env = trl_grpo.FinanceMessagingEnv()
+    env.reset()
+    # format 0.1, tool_success 0 (0 of 1 ok), invalid_call -0.1 / 3; not a success
+    assert trl_grpo.episode_reward(task, messages, env, 5) == pytest.approx(0.1 - 0.1 / 3)
