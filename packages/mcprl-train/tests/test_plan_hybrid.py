@@ -20,6 +20,7 @@ from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 
 from mcprl_policy.standin import standin_model
 from mcprl_train.commands.architectures import KNOWN_ARCHITECTURES
+from mcprl_train.commands.memory import layer_activation_bytes
 from mcprl_train.commands.plan import ModelShape, load_model_shape, plan_memory
 from mcprl_train.config import Config
 from mcprl_train.errors import PlanError
@@ -42,6 +43,11 @@ def _meta_model(cfg: Qwen3_5TextConfig) -> torch.nn.Module:
     with torch.device("meta"):
         # transformers leaves from_config's **kwargs (and so its return type) unannotated.
         return AutoModelForCausalLM.from_config(cfg)  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+
+
+def _cpu_model(cfg: Qwen3_5TextConfig) -> torch.nn.Module:
+    # transformers leaves from_config's **kwargs (and so its return type) unannotated.
+    return AutoModelForCausalLM.from_config(cfg)  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
 
 
 def _standin_shape(model: PreTrainedModel, tmp_path: Path) -> ModelShape:
@@ -207,3 +213,91 @@ def test_plan_answers_offline_for_a_qwen3_5_size(tmp_path: Path) -> None:
     assert "sampler linear-attention state" in proc.stdout
     assert "8 attention layers" in proc.stdout
     assert "https://huggingface.co/Qwen/Qwen3.5-4B/blob/main/config.json" in proc.stdout
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_the_readmes_hybrid_formulas_give_the_plans_parameters_and_sampler_rows(name: str) -> None:
+    """The README's "Hybrids (Qwen3.5)" formulas, transcribed, against `plan` under single-gpu-lora."""
+    shape = KNOWN_ARCHITECTURES[name]
+    gdn = shape.gated_delta_net
+    assert gdn is not None
+    h, i, d, big_v = shape.hidden_size, shape.intermediate_size, shape.head_dim, shape.vocab_size
+    q, k = shape.num_heads * d, shape.num_kv_heads * d
+    kd, vd, hv = (
+        gdn.num_key_heads * gdn.key_head_dim,
+        gdn.num_value_heads * gdn.value_head_dim,
+        gdn.num_value_heads,
+    )
+    c, kappa = 2 * kd + vd, gdn.conv_kernel
+    l_lin = shape.layer_types.count("linear_attention")
+    l_full = shape.num_layers - l_lin
+    p_lin_full = h * 2 * q + 2 * h * k + q * h + 3 * h * i
+    p_lin_linear = h * c + h * vd + 2 * h * hv + vd * h + 3 * h * i
+    p_full = p_lin_full + 2 * h + 2 * d
+    p_linear = p_lin_linear + 2 * h + c * kappa + 2 * hv + gdn.value_head_dim
+    p = big_v * h * (1 if shape.tie_embeddings else 2) + l_full * p_full + l_lin * p_linear + h
+    assert shape.num_params == p
+    config = Config.load(profile="single-gpu-lora", overrides=[f"model.name={name}"])
+    r, w = 16, 2
+    ins_full = (h, h, h, q, h, h, i)
+    outs_full = (2 * q, k, k, h, i, i, h)
+    ins_linear = (h, h, h, h, vd, h, h, i)
+    outs_linear = (c, vd, hv, hv, h, i, i, h)
+    t = r * (l_full * (sum(ins_full) + sum(outs_full)) + l_lin * (sum(ins_linear) + sum(outs_linear)))
+    plan = plan_memory(config, shape, device_memory=24 * 1024**3)
+    assert plan.trainable_params == t
+    rows = plan.bytes_of()
+    b, t_max = config.sampler.max_batch_size, config.env.max_total_tokens
+    assert rows["sampler kv cache"] == b * 2 * k * w * l_full * t_max
+    assert rows["sampler linear-attention state"] == b * l_lin * (c * kappa * w + hv * 128 * 128 * 4)
+    linear = l_full * p_lin_full + l_lin * p_lin_linear
+    nf4 = 0.5 + 1 / 64 + 4 / (64 * 256)
+    assert rows["weights"] == pytest.approx(linear * nf4 + (p - linear) * w, abs=1)
+
+
+def _saved_bytes_per_token(model: torch.nn.Module) -> float:
+    """Bytes autograd keeps for backward per token (parameters excluded, shared storages once), from the
+    difference between 128 and 64 tokens (the linear-attention CPU fallback works in chunks of 64)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def saved(seq: int) -> int:
+        kept: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if t.untyped_storage().data_ptr() not in params:
+                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=torch.randint(0, 100, (1, seq)), use_cache=False)
+        return sum(kept.values())
+
+    return (saved(128) - saved(64)) / 64
+
+
+def _gated_full_attention(layers: int) -> Qwen3_5TextConfig:
+    return Qwen3_5TextConfig(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        layer_types=["full_attention"] * layers,
+    )
+
+
+def test_a_gated_full_attention_layers_saved_activations_equal_the_formula_in_fp32(tmp_path: Path) -> None:
+    """One more full-attention layer of a real Qwen3.5 (fp32 full fine-tune, SDPA on CPU)."""
+    per_layer: list[float] = []
+    for layers in (1, 2):
+        model = _cpu_model(_gated_full_attention(layers))
+        model.train()
+        per_layer.append(_saved_bytes_per_token(model))
+    cfg = _gated_full_attention(2)
+    cfg.save_pretrained(tmp_path / "m")  # pyright: ignore[reportUnknownMemberType]  # transformers leaves **kwargs unannotated
+    shape = load_model_shape(str(tmp_path / "m"))
+    assert shape.attention_output_gate
+    config = Config.load(profile="cpu")
+    assert per_layer[1] - per_layer[0] == layer_activation_bytes(config, shape, 4, device="cpu")

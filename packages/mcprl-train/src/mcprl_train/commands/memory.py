@@ -310,7 +310,8 @@ def layer_activation_bytes(
     when ``lora.dropout > 0`` (bool on CUDA's fused kernel, else the dtype of the adapters' input: fp32 under
     ``bf16-mixed``, where peft casts it to the fp32 adapters) and the rank-r intermediate at ``w``.
 
-    A ``linear_attention`` layer (`_gated_delta_net_bytes`) replaces the attention terms with its mixer's; that
+    Qwen3.5's output gate adds ``4·w·q`` (measured in fp32 only: in bf16 its fp32 norms keep more). A
+    ``linear_attention`` layer (`_gated_delta_net_bytes`) replaces the attention terms with its mixer's; that
     part is an estimate, not a measurement (see there).
     """
     if layer_type == "linear_attention":
@@ -321,6 +322,8 @@ def layer_activation_bytes(
     per_token = 2 * (4 * h + 4) + w * (2 * q + 2 * k) + 4 * heads + 3 * w * i
     if qk_norm:
         per_token += 4 * (q + k) + 4 * (heads + kv_heads)
+    if shape.attention_output_gate:  # q_proj's doubled output, the gate, its sigmoid, the gated product
+        per_token += 4 * w * q
     lora = config.lora
     if lora is None:
         s = stream_bytes(config, w)
