@@ -301,3 +301,17 @@ def test_a_gated_full_attention_layers_saved_activations_equal_the_formula_in_fp
     assert shape.attention_output_gate
     config = Config.load(profile="cpu")
     assert per_layer[1] - per_layer[0] == layer_activation_bytes(config, shape, 4, device="cpu")
+
+
+def test_a_published_style_vision_language_config_is_read_through_its_text_config(tmp_path: Path) -> None:
+    """The hub's Qwen3.5 checkpoints are ``Qwen3_5Config`` (vision + text): plan sizes the language model, as a
+    user's cached config of a size the table lacks (Qwen3.5-2B) would be read."""
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
+
+    text = _gated_full_attention(2).to_dict()
+    text["layer_types"] = ["linear_attention", "full_attention"]
+    Qwen3_5Config(text_config=text).save_pretrained(tmp_path / "vl")  # pyright: ignore[reportUnknownMemberType]
+    shape = load_model_shape(str(tmp_path / "vl"))
+    assert shape.layer_types == ("linear_attention", "full_attention")
+    assert shape.attention_output_gate
+    assert shape.num_params == sum(p.numel() for p in _meta_model(Qwen3_5TextConfig(**text)).parameters())
