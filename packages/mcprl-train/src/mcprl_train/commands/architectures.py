@@ -2,8 +2,20 @@
 
 Each row transcribes the model's published ``config.json`` (the URL is the row's ``source``): hidden size,
 layers, attention and KV heads, head dimension, MLP width, vocabulary, tied embeddings, maximum position and
-the layer types (all full attention for these models). Qwen3.5 is left out: its hybrid layers (Gated DeltaNet
-linear attention next to gated full attention) are not described by `ModelShape`.
+the layer types (all full attention for these models).
+
+Qwen3.5 rows are the ``text_config`` of the published (vision-language) checkpoints: the language model
+that GRPO trains; the vision tower and the multi-token-prediction layer are not loaded by
+``Qwen3_5ForCausalLM`` and not counted. Three linear-attention (Gated DeltaNet) layers precede each full-attention
+layer (``full_attention_interval`` 4), conv kernel 4, key/value head dims 128, vocabulary 248,320, head dim
+256, 262,144 positions. The hub was not reachable here: each row's numbers were read from transcriptions of
+its config.json in public code found with the search tool, two independent ones agreeing per size —
+0.8B: a C++ test's "compact mirror of Qwen/Qwen3.5-0.8B's config.json" and a C++ config-parser test;
+4B: a Python test's ``/root/models/Qwen3.5-4B`` text_config and a converter test's; 9B: transformers'
+``Qwen3_5TextConfig`` defaults (documented as "the Qwen3.5-9B style configuration") and a Rust test's
+qwen3_5 text_config; 27B: THUDM/slime's scripts/models/qwen3.5-27B.sh (untied embeddings) and three
+converter tests' "official" text_config. Qwen3.5-2B is left out: no transcription of its full config was
+found (only its hidden size, 2048).
 """
 
 from __future__ import annotations
@@ -12,7 +24,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from mcprl_train.commands.shape import ModelShape
+from mcprl_train.commands.shape import GatedDeltaNetShape, ModelShape
 
 __all__ = ["KNOWN_ARCHITECTURES"]
 
@@ -82,6 +94,45 @@ def _llama3(
         attention_bias=False,
         qk_norm=False,
         max_position_embeddings=131_072,
+        source=_source(name),
+    )
+
+
+def _qwen3_5(
+    name: str,
+    *,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    linear_key_heads: int,
+    linear_value_heads: int,
+    tied: bool,
+) -> tuple[str, ModelShape]:
+    return name, ModelShape(
+        vocab_size=248_320,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=256,
+        tie_embeddings=tied,
+        attention_bias=False,
+        qk_norm=True,
+        max_position_embeddings=262_144,
+        layer_types=tuple(
+            "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)
+        ),
+        gated_delta_net=GatedDeltaNetShape(
+            num_key_heads=linear_key_heads,
+            num_value_heads=linear_value_heads,
+            key_head_dim=128,
+            value_head_dim=128,
+            conv_kernel=4,
+        ),
+        attention_output_gate=True,
         source=_source(name),
     )
 
@@ -158,6 +209,50 @@ KNOWN_ARCHITECTURES: Final[Mapping[str, ModelShape]] = MappingProxyType(
                 heads=32,
                 head_dim=128,
                 intermediate=14336,
+                tied=False,
+            ),
+            _qwen3_5(
+                "Qwen/Qwen3.5-0.8B",
+                hidden=1024,
+                layers=24,
+                heads=8,
+                kv_heads=2,
+                intermediate=3584,
+                linear_key_heads=16,
+                linear_value_heads=16,
+                tied=True,
+            ),
+            _qwen3_5(
+                "Qwen/Qwen3.5-4B",
+                hidden=2560,
+                layers=32,
+                heads=16,
+                kv_heads=4,
+                intermediate=9216,
+                linear_key_heads=16,
+                linear_value_heads=32,
+                tied=True,
+            ),
+            _qwen3_5(
+                "Qwen/Qwen3.5-9B",
+                hidden=4096,
+                layers=32,
+                heads=16,
+                kv_heads=4,
+                intermediate=12288,
+                linear_key_heads=16,
+                linear_value_heads=32,
+                tied=False,
+            ),
+            _qwen3_5(
+                "Qwen/Qwen3.5-27B",
+                hidden=5120,
+                layers=64,
+                heads=24,
+                kv_heads=4,
+                intermediate=17408,
+                linear_key_heads=16,
+                linear_value_heads=48,
                 tied=False,
             ),
         ]

@@ -15,7 +15,9 @@ each row of a `MemoryPlan` carries the formula with the config's numbers filled 
   of the replica under DeepSpeed, so never partitioned).
 - activations of ``optim.micro_batch_tokens`` packed tokens (Korthikanti et al. 2022, §4, with
   memory-efficient attention, SwiGLU and GQA), with or without gradient checkpointing; one logits chunk.
-- the HF sampler's KV cache and prefix-cache budget, or vLLM's share of the device; the CUDA context.
+- the HF sampler's KV cache (full-attention layers only) and, for a hybrid, each sequence's fixed-size
+  conv + recurrent state per linear-attention layer; its prefix-cache budget, or vLLM's share of the device;
+  the CUDA context.
 
 The peak is the resident rows plus the larger of the update phase and the sampling phase (`MemoryRow.phase`).
 """
@@ -26,8 +28,9 @@ from typing import Literal, assert_never
 
 import attrs
 
-from mcprl_train.commands.shape import ModelShape
+from mcprl_train.commands.shape import LayerType, ModelShape
 from mcprl_train.config import Config
+from mcprl_train.errors import PlanError
 
 __all__ = [
     "CUDA_CONTEXT_BYTES",
@@ -143,6 +146,10 @@ def estimate_memory(
         )
     if device == "cuda":
         rows.append(MemoryRow(name="cuda context", nbytes=CUDA_CONTEXT_BYTES, formula="0.5 GiB"))
+    if shape.gated_delta_net is not None:
+        notes.append(
+            "linear-attention layers' activations are estimated from fla's kernel inputs, not measured"
+        )
     if device == "cpu" and n > 1:
         notes.append(f"{n} processes share the host memory: each gets 1/{n}")
     return MemoryPlan(
@@ -252,8 +259,8 @@ def _autocast_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[Me
     if config.lora is not None:
         n, formula = t, f"T {_m(t)}"
     else:
-        n = shape.num_layers * shape.layer_linear_params + shape.embedding_params
-        formula = f"(L·P_lin + V·h) {_m(n)}"
+        n = shape.decoder_linear_params + shape.embedding_params
+        formula = f"(Σ P_lin + V·h) {_m(n)}"
     return [
         MemoryRow(name="autocast weight copies", nbytes=n * w, formula=f"{formula} × {w} B", phase="update")
     ]
@@ -263,7 +270,7 @@ def _base_weights(config: Config, shape: ModelShape, w: int) -> tuple[int, str]:
     p = shape.num_params
     if config.quantization is None:
         return p * w, f"P {_m(p)} × {w} B"
-    linear = shape.num_layers * shape.layer_linear_params
+    linear = shape.decoder_linear_params
     nbytes = round(linear * NF4_BYTES_PER_PARAM) + (p - linear) * w
     return nbytes, f"linear {_m(linear)} × {NF4_BYTES_PER_PARAM:.4f} B ({config.quantization}) + rest × {w} B"
 
@@ -288,7 +295,9 @@ def stream_bytes(config: Config, w: int) -> int:
     return 4 if is_mixed(config) and config.lora is None else w
 
 
-def layer_activation_bytes(config: Config, shape: ModelShape, w: int, *, device: str) -> int:
+def layer_activation_bytes(
+    config: Config, shape: ModelShape, w: int, *, device: str, layer_type: LayerType = "full_attention"
+) -> int:
     """Bytes one decoder layer saves for backward per token (measured term by term on CPU in test_plan.py).
 
     Always: each RMSNorm's fp32 input and its per-row rsqrt (``2·(4h + 4)``, and ``4(q + k) + 4(H + H_kv)``
@@ -300,13 +309,21 @@ def layer_activation_bytes(config: Config, shape: ModelShape, w: int, *, device:
     those out (frozen weights need no inputs) and adds its inputs at ``w`` (`_lora_saved_inputs`), a dropout mask
     when ``lora.dropout > 0`` (bool on CUDA's fused kernel, else the dtype of the adapters' input: fp32 under
     ``bf16-mixed``, where peft casts it to the fp32 adapters) and the rank-r intermediate at ``w``.
+
+    Qwen3.5's output gate adds ``4·w·q`` (measured in fp32 only: in bf16 its fp32 norms keep more). A
+    ``linear_attention`` layer (`_gated_delta_net_bytes`) replaces the attention terms with its mixer's; that
+    part is an estimate, not a measurement (see there).
     """
+    if layer_type == "linear_attention":
+        return _gated_delta_net_bytes(config, shape, w, device=device)
     h, i, q, k = shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
     heads, kv_heads = shape.num_heads, shape.num_kv_heads
     qk_norm = shape.qk_norm
     per_token = 2 * (4 * h + 4) + w * (2 * q + 2 * k) + 4 * heads + 3 * w * i
     if qk_norm:
         per_token += 4 * (q + k) + 4 * (heads + kv_heads)
+    if shape.attention_output_gate:  # q_proj's doubled output, the gate, its sigmoid, the gated product
+        per_token += 4 * w * q
     lora = config.lora
     if lora is None:
         s = stream_bytes(config, w)
@@ -315,7 +332,31 @@ def layer_activation_bytes(config: Config, shape: ModelShape, w: int, *, device:
     targets = shape.lora_targets(lora.target_modules or ())
     mask = 0 if lora.dropout == 0 else 1 if device == "cuda" else master_bytes(config)
     inputs = _lora_saved_inputs(shape, targets, shared=lora.dropout == 0 and not is_mixed(config))
-    return per_token + inputs * (w + mask) + len(targets) * lora.r * w
+    here = [t for t in targets if t in shape.linear_shapes(layer_type)]
+    return per_token + inputs * (w + mask) + len(here) * lora.r * w
+
+
+def _gated_delta_net_bytes(config: Config, shape: ModelShape, w: int, *, device: str) -> int:
+    """Per token, what a Gated DeltaNet layer saves for backward: an estimate from the inputs of the chunked
+    kernel (fla's ``chunk_gated_delta_rule``, which recomputes its intra-chunk matrices in backward): the q/k/v
+    projection before and after the causal conv (``2·w·conv_dim``), the gate ``z`` and the mixer's output
+    (``2·w·v``), fp32 ``beta`` and decay ``g`` (``8·H_v``); the two RMSNorms and the MLP as in a full-attention
+    layer. Not measured: transformers' CPU fallback keeps its per-chunk matrices instead (several times more)."""
+    gdn = shape.gated_delta_net
+    if gdn is None:
+        raise PlanError("a linear_attention layer needs the model's gated_delta_net sizes")
+    h, i, v = shape.hidden_size, shape.intermediate_size, gdn.value_dim
+    per_token = 2 * (4 * h + 4) + 2 * w * gdn.conv_dim + 2 * w * v + 8 * gdn.num_value_heads + 3 * w * i
+    lora = config.lora
+    if lora is None:
+        s = stream_bytes(config, w)
+        inputs = (2 if s == w else 7) * w * h
+        return per_token + 2 * s * h + inputs + w * i + w * v
+    targets = shape.lora_targets(lora.target_modules or ())
+    here = [t for t in targets if t in shape.linear_shapes("linear_attention")]
+    mask = 0 if lora.dropout == 0 else 1 if device == "cuda" else master_bytes(config)
+    inputs = shape.lora_inputs(targets, "linear_attention")
+    return per_token + inputs * (w + mask) + len(here) * lora.r * w
 
 
 def _lora_saved_inputs(shape: ModelShape, targets: tuple[str, ...], *, shared: bool) -> int:
@@ -339,7 +380,12 @@ def model_activation_bytes(shape: ModelShape, w: int, s: int) -> int:
 
 def _activation_rows(config: Config, shape: ModelShape, w: int, device: str) -> list[MemoryRow]:
     tokens = config.optim.micro_batch_tokens
-    layer = layer_activation_bytes(config, shape, w, device=device)
+    per_type = {
+        t: layer_activation_bytes(config, shape, w, device=device, layer_type=t)
+        for t in set(shape.layer_types)
+    }
+    layers = sum(per_type[t] for t in shape.layer_types)
+    layer = max(per_type.values())
     s = stream_bytes(config, w)
     outside = model_activation_bytes(shape, w, s)
     big_l = shape.num_layers
@@ -348,9 +394,13 @@ def _activation_rows(config: Config, shape: ModelShape, w: int, device: str) -> 
         formula = (
             f"{tokens} tok × ({big_l} × h {shape.hidden_size} × {s} B + one layer {layer} B + {outside} B)"
         )
-    else:
+    elif len(per_type) == 1:
         act = tokens * (big_l * layer + outside)
         formula = f"{tokens} tok × ({big_l} layers × {layer} B + {outside} B)"
+    else:
+        act = tokens * (layers + outside)
+        counts = " + ".join(f"{shape.layer_types.count(t)} × {b} B" for t, b in sorted(per_type.items()))
+        formula = f"{tokens} tok × ({counts} + {outside} B)"
     chunk = config.optim.logits_chunk_size
     return [
         MemoryRow(name="activations", nbytes=act, formula=formula, phase="update"),
@@ -369,15 +419,27 @@ def _sampler_rows(config: Config, shape: ModelShape, w: int, device_memory: int 
         case "hf":
             b, s = sampler.max_batch_size, config.env.max_total_tokens
             slots = shape.kv_tokens(s)
+            attention = sum(t != "linear_attention" for t in shape.layer_types)
             rows = [
                 MemoryRow(
                     name="sampler kv cache",
                     nbytes=b * slots * 2 * shape.kv_dim * w,
-                    formula=f"{b} seqs × {slots:,} slots ({shape.num_layers} layers × ≤ {s} tok) × 2 (k, v)"
+                    formula=f"{b} seqs × {slots:,} slots ({attention} attention layers × ≤ {s} tok) × 2 (k, v)"
                     f" × kv {shape.kv_dim} × {w} B",
                     phase="sampling",
                 )
             ]
+            if shape.gated_delta_net is not None:
+                linear = shape.layer_types.count("linear_attention")
+                rows.append(
+                    MemoryRow(
+                        name="sampler linear-attention state",
+                        nbytes=b * shape.state_bytes(w),
+                        formula=f"{b} seqs × {linear} linear layers × {shape.gated_delta_net.state_bytes(w):,} B"
+                        " (conv + fp32 recurrent state)",
+                        phase="sampling",
+                    )
+                )
             if sampler.prefix_cache_mb > 0:
                 mib = sampler.prefix_cache_mb
                 rows.append(
