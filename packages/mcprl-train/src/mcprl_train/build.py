@@ -171,24 +171,6 @@ def build_sampler(
             raise ValueError(f"unknown sampler backend {config.sampler.backend!r}")
 
 
-def _refuse_redacted(inline: dict[str, Any]) -> None:
-    """A resumed run's ``config.yaml`` holds ``***`` where a literal secret was: ask for the value again."""
-    from mcprl_tools.config import REDACTED
-
-    for name, server in inline.items():
-        for key in ("env", "headers"):
-            values = cast(dict[str, object], server).get(key) if isinstance(server, dict) else None
-            if not isinstance(values, dict):
-                continue
-            for var, value in cast(dict[str, object], values).items():
-                if value == REDACTED:
-                    raise ConfigError(
-                        f"tools.mcp_servers.{name}.{key}.{var}: the value is {REDACTED} because secrets written "
-                        "literally are never saved in the run directory; give it again with "
-                        f"--set tools.mcp_servers.{name}.{key}.{var}=VALUE, or write it as ${{VAR}} in the config"
-                    )
-
-
 def servers_config(config: Config, *, missing_variables: MissingVariables = "raise") -> ServersConfig:
     """The `mcprl_tools.ServersConfig` of `config.tools` (a file, an inline mapping or bundled servers).
 
@@ -207,8 +189,8 @@ def servers_config(config: Config, *, missing_variables: MissingVariables = "rai
     match tools.source:
         case ServersFile(path=path):
             servers = ServersConfig.load(path, missing_variables=missing_variables)
-        case InlineServers(servers=inline):
-            _refuse_redacted(inline)
+        case InlineServers(servers=inline) as source:
+            source.require_secrets()
             servers = ServersConfig.from_dict(
                 {"mcpServers": dict(inline)}, source="<config>", missing_variables=missing_variables
             )

@@ -7,19 +7,15 @@ from mcprl_train.config.sections import (
     Estimator,
     EvalConfig,
     GRPOConfig,
-    InlineServers,
     ModelConfig,
-    OfflineServers,
     OptimConfig,
     RunConfig,
     SamplerConfig,
-    ServersFile,
     SFTConfig,
     TasksConfig,
-    ToolsConfig,
-    ToolSource,
     TrackingConfig,
 )
+from mcprl_train.config.tools import InlineServers, OfflineServers, ServersFile, ToolsConfig, ToolSource
 from mcprl_train.config.tree import DEFAULT_PROFILE, Config, list_profiles
 
 __all__ = [

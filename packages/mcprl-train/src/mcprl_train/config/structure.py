@@ -7,7 +7,7 @@ package's validator failed; unknown keys name the nearest valid key.
 
 Values are checked strictly (a boolean is ``true``/``false``, never ``"yes"`` or ``1``); lists become tuples
 and integers become floats where the annotation says so. A class may define ``from_data(data, path)`` to
-read a shape of its own (the tagged union of `mcprl_train.config.sections.ToolsConfig`).
+read a shape of its own (the tagged union of `mcprl_train.config.tools.ToolsConfig`).
 """
 
 from __future__ import annotations

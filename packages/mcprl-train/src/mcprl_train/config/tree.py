@@ -54,16 +54,15 @@ from mcprl_train.config.sections import (
     SamplerConfig,
     SFTConfig,
     TasksConfig,
-    ToolsConfig,
     TrackingConfig,
 )
 from mcprl_train.config.structure import structure_class
+from mcprl_train.config.tools import SOURCE_KEYS, ToolsConfig
 from mcprl_train.errors import ConfigError
 
 __all__ = ["DEFAULT_PROFILE", "Config", "list_profiles"]
 
 DEFAULT_PROFILE = "cpu"
-_TOOL_SOURCES = ("servers", "mcp_servers", "offline")
 
 
 @attrs.frozen(kw_only=True)
@@ -249,10 +248,10 @@ def _merge_layer(base: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str,
     tools = layer.get("tools")
     base_tools = base.get("tools")
     if is_mapping(tools) and is_mapping(base_tools):
-        chosen = [k for k in _TOOL_SOURCES if tools.get(k) is not None]
+        chosen = [k for k in SOURCE_KEYS if tools.get(k) is not None]
         inline_over_inline = chosen == ["mcp_servers"] and base_tools.get("mcp_servers") is not None
         if chosen and not inline_over_inline:
-            dropped = {*_TOOL_SOURCES, "allow_tools"}
+            dropped = {*SOURCE_KEYS, "allow_tools"}
             base = {**base, "tools": {k: v for k, v in base_tools.items() if k not in dropped}}
     return deep_merge(base, layer)
 
