@@ -14,7 +14,8 @@ each row of a `MemoryPlan` carries the formula with the config's numbers filled 
 - DeepSpeed's full sampling replica per rank; the frozen reference copy of a full fine-tune with KL (a copy
   of the replica under DeepSpeed, so never partitioned).
 - activations of ``optim.micro_batch_tokens`` packed tokens (Korthikanti et al. 2022, §4, with
-  memory-efficient attention, SwiGLU and GQA), with or without gradient checkpointing; one logits chunk.
+  memory-efficient attention, SwiGLU and GQA; per token in `mcprl_train.commands.activations`), with or
+  without gradient checkpointing; one logits chunk.
 - the HF sampler's KV cache (full-attention layers only) and, for a hybrid, each sequence's fixed-size
   conv + recurrent state per linear-attention layer; its prefix-cache budget, or vLLM's share of the device;
   the CUDA context.
@@ -28,24 +29,18 @@ from typing import Literal, assert_never
 
 import attrs
 
-from mcprl_train.commands.shape import LayerType, ModelShape
+from mcprl_train.commands.activations import (
+    DTYPE_BYTES,
+    is_mixed,
+    layer_activation_bytes,
+    master_bytes,
+    model_activation_bytes,
+    stream_bytes,
+)
+from mcprl_train.commands.shape import ModelShape
 from mcprl_train.config import Config
-from mcprl_train.errors import PlanError
 
-__all__ = [
-    "CUDA_CONTEXT_BYTES",
-    "GIB",
-    "NF4_BYTES_PER_PARAM",
-    "MemoryPlan",
-    "MemoryRow",
-    "Phase",
-    "estimate_memory",
-    "is_mixed",
-    "layer_activation_bytes",
-    "master_bytes",
-    "model_activation_bytes",
-    "stream_bytes",
-]
+__all__ = ["GIB", "MemoryPlan", "MemoryRow", "Phase", "estimate_memory", "layer_activation_bytes"]
 
 Phase = Literal["resident", "update", "sampling"]
 GIB = 1024**3
@@ -53,7 +48,6 @@ CUDA_CONTEXT_BYTES = GIB // 2
 # 4 bits + double-quantised absmax: one int8 per 64-weight block and one fp32 per 256 blocks (Dettmers et al.
 # 2023, "QLoRA", §3 "Double Quantization": 8/64 + 32/(64·256) bits per parameter).
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @attrs.frozen(kw_only=True)
@@ -130,7 +124,7 @@ def estimate_memory(
         device_memory: Bytes per device, None when unknown (a vLLM share then cannot be sized).
     """
     n, _ = _zero(config)
-    w = _DTYPE_BYTES[config.model.dtype]
+    w = DTYPE_BYTES[config.model.dtype]
     lora = config.lora
     t = shape.lora_params(lora.r, lora.target_modules or ()) if lora else shape.num_params
     notes: list[str] = []
@@ -162,16 +156,6 @@ def estimate_memory(
         device_memory=device_memory,
         notes=tuple(notes),
     )
-
-
-def is_mixed(config: Config) -> bool:
-    """Whether the policy trains under ``bf16-mixed`` autocast (DeepSpeed's bf16 keeps its own master copy)."""
-    return config.model.precision.mixed and config.distributed.backend == "none"
-
-
-def master_bytes(config: Config) -> int:
-    """``m``: bytes per trainable parameter in this process (its gradient and each AdamW moment too)."""
-    return 4 if is_mixed(config) else _DTYPE_BYTES[config.model.dtype]
 
 
 def _zero(config: Config) -> tuple[int, int]:
@@ -287,95 +271,6 @@ def _sharded(
     if not partitioned:
         return MemoryRow(name=name, nbytes=nbytes, formula=formula, phase=phase)
     return MemoryRow(name=name, nbytes=nbytes // n, formula=f"{formula} / {n} ranks", phase=phase)
-
-
-def stream_bytes(config: Config, w: int) -> int:
-    """``s``: bytes per element of the residual stream: fp32 under a ``bf16-mixed`` full fine-tune (the fp32
-    embedding plus bf16 products promotes to fp32), else the weights' ``w`` (a LoRA base is stored in ``w``)."""
-    return 4 if is_mixed(config) and config.lora is None else w
-
-
-def layer_activation_bytes(
-    config: Config, shape: ModelShape, w: int, *, device: str, layer_type: LayerType = "full_attention"
-) -> int:
-    """Bytes one decoder layer saves for backward per token (measured term by term on CPU in test_plan.py).
-
-    Always: each RMSNorm's fp32 input and its per-row rsqrt (``2·(4h + 4)``, and ``4(q + k) + 4(H + H_kv)``
-    for Qwen3's q/k norms); the attention kernel's q, k, v and output at ``w`` and its fp32 per-head
-    logsumexp (a memory-efficient kernel keeps no ``s²`` scores); the MLP's gate, act(gate) and up (``3·w·i``).
-    A trained base adds the norms' normalised values in the stream's dtype (``2·s·h``) and the linear layers'
-    inputs: ``2·w·h`` when q/k/v and gate/up share one saved input, ``5·w·h`` when autocast casts the fp32
-    stream separately for each; plus ``w·i`` (down's input) and ``w(q + k)`` for the q/k norms. LoRA leaves
-    those out (frozen weights need no inputs) and adds its inputs at ``w`` (`_lora_saved_inputs`), a dropout mask
-    when ``lora.dropout > 0`` (bool on CUDA's fused kernel, else the dtype of the adapters' input: fp32 under
-    ``bf16-mixed``, where peft casts it to the fp32 adapters) and the rank-r intermediate at ``w``.
-
-    Qwen3.5's output gate adds ``4·w·q`` (measured in fp32 only: in bf16 its fp32 norms keep more). A
-    ``linear_attention`` layer (`_gated_delta_net_bytes`) replaces the attention terms with its mixer's; that
-    part is an estimate, not a measurement (see there).
-    """
-    if layer_type == "linear_attention":
-        return _gated_delta_net_bytes(config, shape, w, device=device)
-    h, i, q, k = shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
-    heads, kv_heads = shape.num_heads, shape.num_kv_heads
-    qk_norm = shape.qk_norm
-    per_token = 2 * (4 * h + 4) + w * (2 * q + 2 * k) + 4 * heads + 3 * w * i
-    if qk_norm:
-        per_token += 4 * (q + k) + 4 * (heads + kv_heads)
-    if shape.attention_output_gate:  # q_proj's doubled output, the gate, its sigmoid, the gated product
-        per_token += 4 * w * q
-    lora = config.lora
-    if lora is None:
-        s = stream_bytes(config, w)
-        inputs = (2 if s == w else 5) * w * h
-        return per_token + 2 * s * h + inputs + w * i + (w * (q + k) if qk_norm else 0)
-    targets = shape.lora_targets(lora.target_modules or ())
-    mask = 0 if lora.dropout == 0 else 1 if device == "cuda" else master_bytes(config)
-    inputs = _lora_saved_inputs(shape, targets, shared=lora.dropout == 0 and not is_mixed(config))
-    here = [t for t in targets if t in shape.linear_shapes(layer_type)]
-    return per_token + inputs * (w + mask) + len(here) * lora.r * w
-
-
-def _gated_delta_net_bytes(config: Config, shape: ModelShape, w: int, *, device: str) -> int:
-    """Per token, what a Gated DeltaNet layer saves for backward: an estimate from the inputs of the chunked
-    kernel (fla's ``chunk_gated_delta_rule``, which recomputes its intra-chunk matrices in backward): the q/k/v
-    projection before and after the causal conv (``2·w·conv_dim``), the gate ``z`` and the mixer's output
-    (``2·w·v``), fp32 ``beta`` and decay ``g`` (``8·H_v``); the two RMSNorms and the MLP as in a full-attention
-    layer. Not measured: transformers' CPU fallback keeps its per-chunk matrices instead (several times more)."""
-    gdn = shape.gated_delta_net
-    if gdn is None:
-        raise PlanError("a linear_attention layer needs the model's gated_delta_net sizes")
-    h, i, v = shape.hidden_size, shape.intermediate_size, gdn.value_dim
-    per_token = 2 * (4 * h + 4) + 2 * w * gdn.conv_dim + 2 * w * v + 8 * gdn.num_value_heads + 3 * w * i
-    lora = config.lora
-    if lora is None:
-        s = stream_bytes(config, w)
-        inputs = (2 if s == w else 7) * w * h
-        return per_token + 2 * s * h + inputs + w * i + w * v
-    targets = shape.lora_targets(lora.target_modules or ())
-    here = [t for t in targets if t in shape.linear_shapes("linear_attention")]
-    mask = 0 if lora.dropout == 0 else 1 if device == "cuda" else master_bytes(config)
-    inputs = shape.lora_inputs(targets, "linear_attention")
-    return per_token + inputs * (w + mask) + len(here) * lora.r * w
-
-
-def _lora_saved_inputs(shape: ModelShape, targets: tuple[str, ...], *, shared: bool) -> int:
-    """Elements per token of the inputs LoRA's adapters save. Without dropout or a cast the adapters read
-    their base layer's input tensor itself: q/k/v share one, gate/up one, and o_proj's is the attention output
-    the kernel already keeps; a dropout (or autocast's cast) makes a copy per module."""
-    if not shared:
-        return shape.lora_inputs(targets)
-    h, i = shape.hidden_size, shape.intermediate_size
-    attention = h if {"q_proj", "k_proj", "v_proj"} & set(targets) else 0
-    mlp = h if {"gate_proj", "up_proj"} & set(targets) else 0
-    return attention + mlp + (i if "down_proj" in targets else 0)
-
-
-def model_activation_bytes(shape: ModelShape, w: int, s: int) -> int:
-    """Bytes saved per token outside the layers: token ids, RoPE's cos and sin and the final norm's input and
-    normalised value (in the stream's ``s``), its rsqrt, the head's input (``w``)."""
-    h = shape.hidden_size
-    return 8 + 2 * shape.head_dim * s + (4 * h + 4) + s * h + w * h
 
 
 def _activation_rows(config: Config, shape: ModelShape, w: int, device: str) -> list[MemoryRow]:
