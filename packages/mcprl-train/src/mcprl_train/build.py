@@ -280,10 +280,18 @@ def load_tasks(config: Config) -> TaskData:
             f"grpo.tasks_per_step={config.grpo.tasks_per_step}: the training set {config.tasks.train!r} has "
             f"only {len(train)} tasks (a step takes that many distinct tasks)"
         )
+    return train, validation_tasks(config, checker=checker)
+
+
+def validation_tasks(config: Config, *, checker: Checker | None) -> list[Task]:
+    """The fixed validation subset: the first `eval.n_tasks` tasks of `tasks.validation` (none when null).
+
+    `checker` is the checker of the tasks that name none (`default_checker`).
+    """
     if config.tasks.validation is None:
-        return train, []
+        return []
     validation = load_task_source(config.tasks.validation, name="validation", checker=checker)
-    return train, first_tasks(validation, config.eval.n_tasks)
+    return first_tasks(validation, config.eval.n_tasks)
 
 
 def load_demos(config: Config) -> list[Demonstration]:

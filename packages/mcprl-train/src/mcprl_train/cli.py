@@ -20,24 +20,17 @@ one red ``error:`` line and exit code 2; ``--debug`` (before or after the subcom
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from mcprl_train.config import DEFAULT_PROFILE, Config, list_profiles
 from mcprl_train.errors import TrainError
-
-if TYPE_CHECKING:
-    from mcprl_train.build import TaskData
-    from mcprl_train.loop.trainer import BackendFactory
-    from mcprl_train.run.run_dir import RunDir
 
 __all__ = ["build_parser", "main"]
 
@@ -292,161 +285,22 @@ def _export(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     import anyio
 
+    from mcprl_train.commands.evaluate import evaluate_checkpoint
     from mcprl_train.run.tracking import configure_logging
 
     configure_logging()
-    summary = anyio.run(_evaluate_checkpoint, Path(args.checkpoint), list(args.overrides))
+    summary = anyio.run(evaluate_checkpoint, Path(args.checkpoint), list(args.overrides))
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0
-
-
-async def _evaluate_checkpoint(path: Path, overrides: list[str]) -> dict[str, Any]:
-    """Validation metrics of a checkpoint (``<run>/checkpoints/step-N``) or of a run's latest checkpoint."""
-    from mcprl_env import Environment
-    from mcprl_train import build
-    from mcprl_train.cassettes import tool_manager
-    from mcprl_train.loop.evaluation import evaluate_tasks
-    from mcprl_train.run.run_dir import open_checkpoint
-
-    run_dir, loaded = open_checkpoint(path)
-    config = run_dir.load_config().replace(overrides)
-    if config.tasks.validation is None:
-        raise TrainError("tasks.validation is null: nothing to evaluate on (--set tasks.validation=FILE)")
-    tools = tool_manager(config, run_dir.path)  # a bad cassette fails before the model loads
-    policy = build.build_policy(config, source=str(loaded.subdir("policy")))
-    policy.eval()
-    sampler = build.build_sampler(config, policy, greedy=config.eval.greedy, seed=config.run.seed)
-    tasks = build.first_tasks(
-        build.load_task_source(
-            config.tasks.validation, name="validation", checker=build.default_checker(config)
-        ),
-        config.eval.n_tasks,
-    )
-    async with tools as manager:
-        env = Environment(manager=manager, tokenizer=policy.tokenizer, config=config.env)
-        metrics, _ = await evaluate_tasks(
-            env,
-            tasks,
-            sampler,
-            max_concurrent_episodes=config.collection.max_concurrent_episodes,
-            namespace=f"eval-{loaded.path.name}",
-        )
-        replayed = {k: v for k, v in manager.step_metrics().items() if k.startswith("tools/replay/")}
-    metrics = {**metrics, **replayed}
-    summary = {"checkpoint": str(loaded.path), "step": loaded.step, "tasks": len(tasks), **metrics}
-    run_dir.write_metrics("eval", loaded.step, {**metrics, "tag": "checkpoint_eval"})
-    return summary
-
-
-def _locate_run(args: argparse.Namespace) -> Path:
-    """The run directory ``--resume`` names (the newest under ``run.output_dir`` for a bare ``--resume``)."""
-    if args.resume != "latest":
-        return Path(args.resume)
-    output_dir = Path(_load(args).run.output_dir)
-    runs = sorted(
-        (p for p in output_dir.glob("*/config.yaml")), key=lambda p: p.stat().st_mtime, reverse=True
-    )
-    if args.run_name is not None:
-        runs = [p for p in runs if p.parent.name == args.run_name]
-    if not runs:
-        raise TrainError(f"--resume: no run directory under {str(output_dir)!r} to resume")
-    return runs[0].parent
-
-
-def _train_config(args: argparse.Namespace) -> tuple[Config, RunDir | None]:
-    """The config a ``train`` invocation runs and the run it resumes (None: a new run); creates nothing."""
-    from mcprl_train.run.run_dir import RunDir
-
-    if args.resume is None:
-        config = _load(args)
-        if args.run_name is not None:
-            config = config.replace([f"run.name={args.run_name}"])
-        return config, None
-    run_dir = RunDir.open(_locate_run(args))
-    return run_dir.load_config().replace(args.overrides), run_dir
-
-
-def _open_run(config: Config, resumed: RunDir | None) -> tuple[Config, RunDir, bool]:
-    """``(config, run directory, resume)``: a new run directory, or the resumed one with its config updated."""
-    from mcprl_train.run.run_dir import RunDir
-
-    if resumed is None:
-        if config.env.template_date is None:  # the day every render of this run prints, resumed runs included
-            config = config.replace([f"env.template_date={datetime.date.today().isoformat()}"])
-        return config, RunDir.create(config), False
-    resumed.write_config(config)
-    return config, resumed, True
 
 
 def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from mcprl_train import build
-    from mcprl_train.cassettes import check_replay_cassette
-    from mcprl_train.model_checks import require_model_ready
+    from mcprl_train.commands.train import train
 
-    config, resumed = _train_config(args)
-    if config.distributed.backend == "deepspeed":
-        from mcprl_train.parallel.launch import launched, relaunch, train_rank
-
-        if not launched():
-            # Nothing is created here: the workers resolve the run (rank 0) and share it.
-            return relaunch(config.distributed.num_gpus, argv, device=config.model.device)
-
-        def open_validated_run() -> tuple[Config, RunDir, bool]:
-            require_model_ready(config)  # rank 0 fails before it writes anything
-            build.load_tasks(config)  # the same; each rank's trainer reads them
-            return _open_run(config, resumed)
-
-        return train_rank(open_validated_run, run_training)
-    require_model_ready(config)  # tokenizer, template, parser, vocabulary: before anything is written
-    tasks = build.load_tasks(config)  # a missing or malformed task file fails before anything is written
-    check_replay_cassette(config)
-    config, run_dir, resume = _open_run(config, resumed)
-    summary = run_training(config, run_dir, resume, tasks=tasks)
-    print(json.dumps(summary, indent=2, sort_keys=True, default=str))
-    return 0
-
-
-def run_training(
-    config: Config,
-    run_dir: RunDir,
-    resume: bool,
-    backend: BackendFactory | None = None,
-    *,
-    tasks: TaskData | None = None,
-) -> dict[str, Any]:
-    """One process's training run (one rank's in a data-parallel run); returns the summary.
-
-    Rank 0 logs to the console and ``training.log``, tracks (wandb, weave) and writes the plots; the other
-    ranks log warnings to stderr.
-    """
-    import structlog
-
-    from mcprl_train import collectives
-    from mcprl_train.loop.trainer import Trainer
-    from mcprl_train.run.plots import write_plots
-    from mcprl_train.run.tracking import Tracker, configure_logging
-
-    main = collectives.rank() == 0
-    configure_logging(
-        level=config.tracking.log_level if main else "warning", log_file=run_dir.log_path if main else None
+    return train(
+        lambda: _load(args),
+        resume=args.resume,
+        run_name=args.run_name,
+        overrides=args.overrides,
+        argv=argv,
     )
-    if collectives.world_size() > 1:
-        structlog.contextvars.bind_contextvars(rank=collectives.rank())
-        structlog.get_logger().info(
-            "rank_started", world_size=collectives.world_size(), device=config.model.device
-        )
-    tracker = Tracker(config, run_dir).start() if main else None
-    try:
-        trainer = Trainer(
-            config,
-            run_dir,
-            resume=resume,
-            backend=backend,
-            tasks=tasks,
-            sinks=(tracker,) if tracker is not None else (),
-        )
-        return trainer.run()
-    finally:
-        if tracker is not None:
-            tracker.finish()
-            write_plots(run_dir)
