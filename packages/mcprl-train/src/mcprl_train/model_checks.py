@@ -27,27 +27,29 @@ if TYPE_CHECKING:
     from mcprl_env.protocols import ChatTokenizer
     from mcprl_train.config import Config
 
-__all__ = ["ModelCheck", "check_model", "require_model_ready"]
+__all__ = ["CheckResult", "check_model", "require_model_ready"]
 
 
 @attrs.frozen(kw_only=True)
-class ModelCheck:
-    """One check of the model.
+class CheckResult:
+    """One check: of the model here, of any part of the setup in ``mcprl-train doctor``.
 
     Attributes:
-        name: What was checked (tokenizer, template, parser, vocabulary).
+        category: installation, devices, keys, servers, tasks or model.
+        name: What was checked (of the model: tokenizer, template, parser, vocabulary).
         ok: Whether it passed.
         detail: What was found.
         fix: What to do about a failure (empty when ok).
     """
 
+    category: str = "model"
     name: str
     ok: bool
     detail: str
     fix: str = ""
 
 
-def check_model(config: Config) -> list[ModelCheck]:
+def check_model(config: Config) -> list[CheckResult]:
     """Every check of `config.model.name`, in order; a failed tokenizer check ends the list (nothing to render)."""
     from mcprl_policy import ModelLoadError
     from mcprl_policy.loading import load_tokenizer, resolve_model_path
@@ -58,7 +60,7 @@ def check_model(config: Config) -> list[ModelCheck]:
         tokenizer: Any = load_tokenizer(path)
     except ModelLoadError as exc:
         return [
-            ModelCheck(
+            CheckResult(
                 name="tokenizer",
                 ok=False,
                 detail=str(exc),
@@ -67,7 +69,7 @@ def check_model(config: Config) -> list[ModelCheck]:
         ]
     if not tokenizer.chat_template:
         return [
-            ModelCheck(
+            CheckResult(
                 name="tokenizer",
                 ok=False,
                 detail=f"model.name={name!r} has no chat template",
@@ -75,7 +77,7 @@ def check_model(config: Config) -> list[ModelCheck]:
             )
         ]
     checks = [
-        ModelCheck(name="tokenizer", ok=True, detail=f"{type(tokenizer).__name__}, {len(tokenizer)} ids")
+        CheckResult(name="tokenizer", ok=True, detail=f"{type(tokenizer).__name__}, {len(tokenizer)} ids")
     ]
     checks.append(_template(config, tokenizer))
     checks.append(_parser(config, tokenizer))
@@ -109,7 +111,7 @@ def _sample_conversation() -> list[dict[str, Any]]:
     ]
 
 
-def _template(config: Config, tokenizer: ChatTokenizer) -> ModelCheck:
+def _template(config: Config, tokenizer: ChatTokenizer) -> CheckResult:
     from mcprl_env.parsing import PROBE_CALL, PROBE_TOOL
 
     kwargs = config.env.chat_template_kwargs
@@ -121,7 +123,7 @@ def _template(config: Config, tokenizer: ChatTokenizer) -> ModelCheck:
         text = tokenizer.apply_chat_template(conversation, tools=[PROBE_TOOL], tokenize=False, **kwargs)
     except Exception as exc:
         # The template is the vendor's code: whatever it raises means it cannot render this conversation.
-        return ModelCheck(
+        return CheckResult(
             name="template",
             ok=False,
             detail=f"the chat template cannot render a conversation with tools ({type(exc).__name__}: {exc})",
@@ -129,19 +131,19 @@ def _template(config: Config, tokenizer: ChatTokenizer) -> ModelCheck:
             "env.chat_template_kwargs",
         )
     if PROBE_CALL.name not in str(prompt):
-        return ModelCheck(
+        return CheckResult(
             name="template",
             ok=False,
             detail="the chat template has no tool support: it does not show the tools' definitions to the model",
             fix="use the chat template of a release with tool calling (e.g. an -Instruct model's), saved as "
             "chat_template.jinja next to the tokenizer",
         )
-    return ModelCheck(
+    return CheckResult(
         name="template", ok=True, detail=f"a tool conversation renders ({len(str(text))} chars)"
     )
 
 
-def _parser(config: Config, tokenizer: ChatTokenizer) -> ModelCheck:
+def _parser(config: Config, tokenizer: ChatTokenizer) -> CheckResult:
     from mcprl_env.errors import UnknownToolCallFormatError
     from mcprl_env.parsing import AUTO, PROBE_CALL, PROBE_TOOL, detect_parser_family, get_parser
     from mcprl_env.parsing import render_probe_turn as render
@@ -151,10 +153,10 @@ def _parser(config: Config, tokenizer: ChatTokenizer) -> ModelCheck:
     try:
         if family.lower() == AUTO:
             found = detect_parser_family(tokenizer, template_kwargs=kwargs)
-            return ModelCheck(name="parser", ok=True, detail=f"env.parser=auto: recognised {found!r}")
+            return CheckResult(name="parser", ok=True, detail=f"env.parser=auto: recognised {found!r}")
         turn = render(tokenizer, template_kwargs=kwargs)
     except UnknownToolCallFormatError as exc:
-        return ModelCheck(
+        return CheckResult(
             name="parser",
             ok=False,
             detail=str(exc).partition("; ")[0],
@@ -162,13 +164,13 @@ def _parser(config: Config, tokenizer: ChatTokenizer) -> ModelCheck:
         )
     parsed = get_parser(family).parse(turn, tools=[PROBE_TOOL])
     if parsed.errors or parsed.calls != [PROBE_CALL]:
-        return ModelCheck(
+        return CheckResult(
             name="parser",
             ok=False,
             detail=f"env.parser={family} does not read the tool call this template renders ({turn[:200]!r})",
             fix="set env.parser=auto (recognised from the template) or the family whose format this is",
         )
-    return ModelCheck(name="parser", ok=True, detail=f"env.parser={family} reads the template's tool call")
+    return CheckResult(name="parser", ok=True, detail=f"env.parser={family} reads the template's tool call")
 
 
 def _embedding_rows(path: str) -> int | None:
@@ -189,23 +191,25 @@ def _embedding_rows(path: str) -> int | None:
     return int(rows) if rows is not None else None
 
 
-def _vocabulary(path: str, tokenizer: Any) -> ModelCheck:
+def _vocabulary(path: str, tokenizer: Any) -> CheckResult:
     from mcprl_policy.vocab import decodable_ids
 
     ids = decodable_ids(tokenizer)
     try:
         rows = _embedding_rows(path)
     except (OSError, ValueError) as exc:
-        return ModelCheck(
+        return CheckResult(
             name="vocabulary",
             ok=False,
             detail=f"the model's config cannot be read: {exc}",
             fix="the model directory needs its config.json",
         )
     if rows is None:
-        return ModelCheck(name="vocabulary", ok=True, detail=f"{ids} token ids; the config has no vocab_size")
+        return CheckResult(
+            name="vocabulary", ok=True, detail=f"{ids} token ids; the config has no vocab_size"
+        )
     if ids > rows:
-        return ModelCheck(
+        return CheckResult(
             name="vocabulary",
             ok=False,
             detail=f"the tokenizer has {ids} token ids but the model's embedding has {rows} rows (vocab_size): "
@@ -213,4 +217,4 @@ def _vocabulary(path: str, tokenizer: Any) -> ModelCheck:
             fix="use the tokenizer saved with the model, or resize the embedding after adding tokens "
             "(model.resize_token_embeddings(len(tokenizer))) and save both",
         )
-    return ModelCheck(name="vocabulary", ok=True, detail=f"{ids} token ids <= {rows} embedding rows")
+    return CheckResult(name="vocabulary", ok=True, detail=f"{ids} token ids <= {rows} embedding rows")

@@ -33,6 +33,7 @@ from rich.table import Table
 
 from mcprl_train import build
 from mcprl_train.config import Config, InlineServers, OfflineServers, ServersFile
+from mcprl_train.model_checks import CheckResult, check_model
 
 if TYPE_CHECKING:
     from mcprl_tools import ServerConfig, ServersConfig
@@ -40,25 +41,6 @@ if TYPE_CHECKING:
 __all__ = ["CheckResult", "render_report", "run_checks"]
 
 _PACKAGES = ("mcprl_grpo", "mcprl_tools", "mcprl_env", "mcprl_policy", "mcprl_servers", "mcprl_tasks")
-
-
-@attrs.frozen(kw_only=True)
-class CheckResult:
-    """One line of the report.
-
-    Attributes:
-        category: installation, devices, keys, servers, tasks or model.
-        name: What was checked.
-        ok: Whether it passed.
-        detail: What was found.
-        fix: What to do about a failure (empty when ok).
-    """
-
-    category: str
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
 
 
 def run_checks(config: Config, *, servers: bool = True, server_timeout: float = 60.0) -> list[CheckResult]:
@@ -72,7 +54,7 @@ def run_checks(config: Config, *, servers: bool = True, server_timeout: float = 
     if servers and tools is not None:
         results.extend(anyio.run(_servers, tools, server_timeout))
     results.extend(_tasks(config, set(tools.servers) if tools is not None else set()))
-    results.extend(_model(config))
+    results.extend(check_model(config))
     return results
 
 
@@ -225,36 +207,27 @@ async def _servers(tools: ServersConfig, deadline_s: float) -> list[CheckResult]
 async def _check_server(server: ServerConfig, alone: ServersConfig, deadline_s: float) -> CheckResult:
     from mcprl_tools import ToolManager, ToolsError
 
+    def failed(detail: str, fix: str) -> CheckResult:
+        return CheckResult(category="servers", name=server.name, ok=False, detail=detail, fix=fix)
+
     unset = [f"${{{var}}}" for var in sorted(server.variables) if var not in os.environ]
     if unset:
-        return CheckResult(
-            category="servers",
-            name=server.name,
-            ok=False,
-            detail=f"not started: {', '.join(unset)} not set",
-            fix="set the environment variables it references (see the keys rows)",
+        return failed(
+            f"not started: {', '.join(unset)} not set",
+            "set the environment variables it references (see the keys rows)",
         )
     try:
         with anyio.fail_after(deadline_s):
             async with ToolManager(alone) as manager:
                 tools = sorted(t.name for t in manager.tools)
     except TimeoutError:
-        return CheckResult(
-            category="servers",
-            name=server.name,
-            ok=False,
-            detail=f"no answer within {deadline_s:.0f} s",
-            fix="run the server command by hand and check it speaks MCP on stdio",
+        return failed(
+            f"no answer within {deadline_s:.0f} s",
+            "run the server command by hand and check it speaks MCP on stdio",
         )
     except (ToolsError, OSError) as exc:
         fix = f"check that {server.command!r} is installed and on PATH" if server.command else "check its url"
-        return CheckResult(
-            category="servers",
-            name=server.name,
-            ok=False,
-            detail=f"did not start: {exc}",
-            fix=server.redact(fix),
-        )
+        return failed(f"did not start: {exc}", server.redact(fix))
     return CheckResult(
         category="servers",
         name=server.name,
@@ -300,13 +273,3 @@ def _tasks(config: Config, configured: set[str]) -> Iterator[CheckResult]:
         elif missing:
             fix = f"add {', '.join(missing)} to the tools config (or --set tools.offline=[...])"
         yield CheckResult(category="tasks", name=f"tasks.{split}={spec}", ok=ok, detail=detail, fix=fix)
-
-
-# -- model ------------------------------------------------------------------------------------------------------
-
-
-def _model(config: Config) -> Iterator[CheckResult]:
-    from mcprl_train.model_checks import check_model
-
-    for check in check_model(config):
-        yield CheckResult(category="model", name=check.name, ok=check.ok, detail=check.detail, fix=check.fix)
