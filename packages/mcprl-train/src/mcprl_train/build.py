@@ -7,7 +7,7 @@ Everything that turns config values into objects of the other packages lives her
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, assert_never, cast
 
 import structlog
 
@@ -167,8 +167,8 @@ def build_sampler(
                 gpu_memory_utilization=config.sampler.gpu_memory_utilization,
                 engine_kwargs={"max_num_seqs": config.sampler.max_batch_size},
             )
-        case _:  # unreachable by type; kept for a backend set around the loader
-            raise ValueError(f"unknown sampler backend {config.sampler.backend!r}")
+        case _ as unreachable:
+            assert_never(unreachable)
 
 
 def servers_config(config: Config, *, missing_variables: MissingVariables = "raise") -> ServersConfig:
