@@ -1,14 +1,4 @@
-"""``mcprl-train``: train, print the resolved config, plan memory, evaluate a checkpoint, check the setup.
-
-::
-
-    mcprl-train [train] [--profile P] [--config F] [--set k=v ...] [--run-name N] [--resume [DIR]]
-    mcprl-train config  [--profile P] [--config F] [--set k=v ...]
-    mcprl-train plan    [--profile P] [--config F] [--set k=v ...] [--model M]
-    mcprl-train eval    --checkpoint DIR [--set k=v ...]
-    mcprl-train doctor  [--profile P] [--config F] [--set k=v ...] [--skip-servers]
-    mcprl-train plots   RUN_DIR
-    mcprl-train export  CHECKPOINT OUTPUT [--adapter] [--force] [--dtype D] [--push-to-hub REPO [--private]]
+"""``mcprl-train``: the arguments of each subcommand (listed in the README), the dispatch, the error boundary.
 
 ``train`` is the default subcommand: ``mcprl-train`` alone trains the ``cpu`` profile. The heavy modules
 (trainer, evaluation, DeepSpeed) are imported only by the subcommands that need them.

@@ -1,26 +1,9 @@
 """The memory model of `mcprl-train plan`: peak bytes per device of training a config's model.
 
-The formulas, their symbols and their sources are written down in the mcprl-train README ("Memory model");
-each row of a `MemoryPlan` carries the formula with the config's numbers filled in. In short, per device of
-``N`` (``distributed.num_gpus`` under DeepSpeed, else 1) with ZeRO stage ``z`` (0 without DeepSpeed):
-
-- weights: ``P·w`` (QLoRA: the decoder's linear layers in double-quantised NF4), ``/N`` with a gathered
-  layer and the prefetch bucket live under ZeRO-3; trainable weights (a full fine-tune's, LoRA adapters) in
-  ``m`` bytes: 4 under ``bf16-mixed`` and fp32, 2 under ``bf16-true`` (`mcprl_policy.Precision`).
-- gradients ``T·m`` (``/N`` from ZeRO-2), AdamW ``2·T`` moments in ``m`` bytes, or plus fp32 master weights
-  under DeepSpeed's bf16 (``/N`` from ZeRO-1): Rajbhandari et al. 2020, "ZeRO", §3 (K = 12).
-- under ``bf16-mixed``, autocast's bf16 copies of the trained weights that the forward's matrix products use
-  (kept for backward), and activations of an fp32 residual stream.
-- DeepSpeed's full sampling replica per rank; the frozen reference copy of a full fine-tune with KL (a copy
-  of the replica under DeepSpeed, so never partitioned).
-- activations of ``optim.micro_batch_tokens`` packed tokens (Korthikanti et al. 2022, §4, with
-  memory-efficient attention, SwiGLU and GQA; per token in `mcprl_train.commands.activations`), with or
-  without gradient checkpointing; one logits chunk.
-- the HF sampler's KV cache (full-attention layers only) and, for a hybrid, each sequence's fixed-size
-  conv + recurrent state per linear-attention layer; its prefix-cache budget, or vLLM's share of the device;
-  the CUDA context.
-
-The peak is the resident rows plus the larger of the update phase and the sampling phase (`MemoryRow.phase`).
+The formulas, their symbols and their sources (Rajbhandari et al. 2020, "ZeRO", §3; Korthikanti et al. 2022,
+§4) are written down in the mcprl-train README ("Memory model"); each row of a `MemoryPlan` carries its
+formula with the config's numbers filled in (the per-token sizes: `mcprl_train.commands.activations`). The
+peak is the resident rows plus the larger of the update phase and the sampling phase (`MemoryRow.phase`).
 """
 
 from __future__ import annotations

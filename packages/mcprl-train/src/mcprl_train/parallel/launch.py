@@ -5,13 +5,8 @@ launcher, the CLI runs ``python -m torch.distributed.run --standalone --nproc-pe
 <the same arguments>`` with ``N = distributed.num_gpus`` and waits for it; each worker sees the launcher's
 environment (`launched`) and trains as one rank. The launcher ends every worker when one fails.
 
-Already-launched processes are left alone, so the usual launchers work too — that is how a multi-node run
-starts (the run directory must then be on storage every node sees)::
-
-    torchrun --nnodes 2 --node-rank R --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST0:29500 \\
-        -m mcprl_train --profile a100x2 --set distributed.num_gpus=8
-    deepspeed --hostfile hosts --num_nodes 2 --num_gpus 8 --module mcprl_train --profile a100x2
-
+Already-launched processes are left alone, so torchrun or the DeepSpeed launcher start a multi-node run (the
+README's "DeepSpeed" has the commands; the run directory must be on storage every node sees).
 (The DeepSpeed launcher puts ``--local_rank=N`` before the script's arguments; the CLI drops it — the
 ``LOCAL_RANK`` environment variable carries the same.)
 """
