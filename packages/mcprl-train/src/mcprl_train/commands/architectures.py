@@ -34,7 +34,7 @@ def _source(name: str) -> str:
 
 
 def _qwen3(
-    name: str, *, hidden: int, layers: int, heads: int, intermediate: int, tied: bool
+    name: str, hidden: int, layers: int, heads: int, intermediate: int, tied: bool
 ) -> tuple[str, ModelShape]:
     return name, ModelShape(
         vocab_size=151_936,
@@ -45,23 +45,13 @@ def _qwen3(
         num_kv_heads=8,
         head_dim=128,
         tie_embeddings=tied,
-        attention_bias=False,
-        qk_norm=True,
         max_position_embeddings=40_960,
         source=_source(name),
     )
 
 
 def _qwen2_5(
-    name: str,
-    *,
-    hidden: int,
-    layers: int,
-    heads: int,
-    kv_heads: int,
-    intermediate: int,
-    vocab: int,
-    tied: bool,
+    name: str, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int, tied: bool
 ) -> tuple[str, ModelShape]:
     return name, ModelShape(
         vocab_size=vocab,
@@ -80,7 +70,7 @@ def _qwen2_5(
 
 
 def _llama3(
-    name: str, *, hidden: int, layers: int, heads: int, head_dim: int, intermediate: int, tied: bool
+    name: str, hidden: int, layers: int, heads: int, head_dim: int, intermediate: int, tied: bool
 ) -> tuple[str, ModelShape]:
     return name, ModelShape(
         vocab_size=128_256,
@@ -91,7 +81,6 @@ def _llama3(
         num_kv_heads=8,
         head_dim=head_dim,
         tie_embeddings=tied,
-        attention_bias=False,
         qk_norm=False,
         max_position_embeddings=131_072,
         source=_source(name),
@@ -100,7 +89,6 @@ def _llama3(
 
 def _qwen3_5(
     name: str,
-    *,
     hidden: int,
     layers: int,
     heads: int,
@@ -119,8 +107,6 @@ def _qwen3_5(
         num_kv_heads=kv_heads,
         head_dim=256,
         tie_embeddings=tied,
-        attention_bias=False,
-        qk_norm=True,
         max_position_embeddings=262_144,
         layer_types=tuple(
             "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)
@@ -137,124 +123,42 @@ def _qwen3_5(
     )
 
 
-KNOWN_ARCHITECTURES: Final[Mapping[str, ModelShape]] = MappingProxyType(
-    dict(
-        [
-            _qwen3("Qwen/Qwen3-0.6B", hidden=1024, layers=28, heads=16, intermediate=3072, tied=True),
-            _qwen3("Qwen/Qwen3-1.7B", hidden=2048, layers=28, heads=16, intermediate=6144, tied=True),
-            _qwen3("Qwen/Qwen3-4B", hidden=2560, layers=36, heads=32, intermediate=9728, tied=True),
-            _qwen3("Qwen/Qwen3-8B", hidden=4096, layers=36, heads=32, intermediate=12288, tied=False),
-            _qwen2_5(
-                "Qwen/Qwen2.5-0.5B-Instruct",
-                hidden=896,
-                layers=24,
-                heads=14,
-                kv_heads=2,
-                intermediate=4864,
-                vocab=151_936,
-                tied=True,
-            ),
-            _qwen2_5(
-                "Qwen/Qwen2.5-1.5B-Instruct",
-                hidden=1536,
-                layers=28,
-                heads=12,
-                kv_heads=2,
-                intermediate=8960,
-                vocab=151_936,
-                tied=True,
-            ),
-            _qwen2_5(
-                "Qwen/Qwen2.5-3B-Instruct",
-                hidden=2048,
-                layers=36,
-                heads=16,
-                kv_heads=2,
-                intermediate=11008,
-                vocab=151_936,
-                tied=True,
-            ),
-            _qwen2_5(
-                "Qwen/Qwen2.5-7B-Instruct",
-                hidden=3584,
-                layers=28,
-                heads=28,
-                kv_heads=4,
-                intermediate=18944,
-                vocab=152_064,
-                tied=False,
-            ),
-            _llama3(
-                "meta-llama/Llama-3.2-1B-Instruct",
-                hidden=2048,
-                layers=16,
-                heads=32,
-                head_dim=64,
-                intermediate=8192,
-                tied=True,
-            ),
-            _llama3(
-                "meta-llama/Llama-3.2-3B-Instruct",
-                hidden=3072,
-                layers=28,
-                heads=24,
-                head_dim=128,
-                intermediate=8192,
-                tied=True,
-            ),
-            _llama3(
-                "meta-llama/Llama-3.1-8B-Instruct",
-                hidden=4096,
-                layers=32,
-                heads=32,
-                head_dim=128,
-                intermediate=14336,
-                tied=False,
-            ),
-            _qwen3_5(
-                "Qwen/Qwen3.5-0.8B",
-                hidden=1024,
-                layers=24,
-                heads=8,
-                kv_heads=2,
-                intermediate=3584,
-                linear_key_heads=16,
-                linear_value_heads=16,
-                tied=True,
-            ),
-            _qwen3_5(
-                "Qwen/Qwen3.5-4B",
-                hidden=2560,
-                layers=32,
-                heads=16,
-                kv_heads=4,
-                intermediate=9216,
-                linear_key_heads=16,
-                linear_value_heads=32,
-                tied=True,
-            ),
-            _qwen3_5(
-                "Qwen/Qwen3.5-9B",
-                hidden=4096,
-                layers=32,
-                heads=16,
-                kv_heads=4,
-                intermediate=12288,
-                linear_key_heads=16,
-                linear_value_heads=32,
-                tied=False,
-            ),
-            _qwen3_5(
-                "Qwen/Qwen3.5-27B",
-                hidden=5120,
-                layers=64,
-                heads=24,
-                kv_heads=4,
-                intermediate=17408,
-                linear_key_heads=16,
-                linear_value_heads=48,
-                tied=False,
-            ),
-        ]
-    )
+_ROWS: tuple[tuple[str, ModelShape], ...] = (  # each row is its family's builder's arguments
+    *(
+        _qwen3(*row)  # name, hidden, layers, heads, intermediate, tied
+        for row in (
+            ("Qwen/Qwen3-0.6B", 1024, 28, 16, 3072, True),
+            ("Qwen/Qwen3-1.7B", 2048, 28, 16, 6144, True),
+            ("Qwen/Qwen3-4B", 2560, 36, 32, 9728, True),
+            ("Qwen/Qwen3-8B", 4096, 36, 32, 12288, False),
+        )
+    ),
+    *(
+        _qwen2_5(*row)  # name, hidden, layers, heads, kv_heads, intermediate, vocab, tied
+        for row in (
+            ("Qwen/Qwen2.5-0.5B-Instruct", 896, 24, 14, 2, 4864, 151_936, True),
+            ("Qwen/Qwen2.5-1.5B-Instruct", 1536, 28, 12, 2, 8960, 151_936, True),
+            ("Qwen/Qwen2.5-3B-Instruct", 2048, 36, 16, 2, 11008, 151_936, True),
+            ("Qwen/Qwen2.5-7B-Instruct", 3584, 28, 28, 4, 18944, 152_064, False),
+        )
+    ),
+    *(
+        _llama3(*row)  # name, hidden, layers, heads, head_dim, intermediate, tied
+        for row in (
+            ("meta-llama/Llama-3.2-1B-Instruct", 2048, 16, 32, 64, 8192, True),
+            ("meta-llama/Llama-3.2-3B-Instruct", 3072, 28, 24, 128, 8192, True),
+            ("meta-llama/Llama-3.1-8B-Instruct", 4096, 32, 32, 128, 14336, False),
+        )
+    ),
+    *(
+        _qwen3_5(*row)  # name, hidden, layers, heads, kv_heads, intermediate, linear key/value heads, tied
+        for row in (
+            ("Qwen/Qwen3.5-0.8B", 1024, 24, 8, 2, 3584, 16, 16, True),
+            ("Qwen/Qwen3.5-4B", 2560, 32, 16, 4, 9216, 16, 32, True),
+            ("Qwen/Qwen3.5-9B", 4096, 32, 16, 4, 12288, 16, 32, False),
+            ("Qwen/Qwen3.5-27B", 5120, 64, 24, 4, 17408, 16, 48, False),
+        )
+    ),
 )
+
+KNOWN_ARCHITECTURES: Final[Mapping[str, ModelShape]] = MappingProxyType(dict(_ROWS))
