@@ -17,7 +17,7 @@ import pytest
 
 from mcprl_env import EnvConfig, Transcript
 from mcprl_env.testing import ScriptedCompletion
-from mcprl_train.cli import _open_run  # pyright: ignore[reportPrivateUsage]
+from mcprl_train.commands.train import _open_run  # pyright: ignore[reportPrivateUsage]
 from mcprl_train.config import Config
 from mcprl_train.errors import ConfigError
 from mcprl_train.loop.warm_start import render_example
