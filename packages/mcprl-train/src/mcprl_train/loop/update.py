@@ -118,37 +118,26 @@ class TorchBackend:
     """
 
     def __init__(self, policy: Policy, optim: OptimConfig) -> None:
-        self._policy = policy
+        self.policy = policy
+        self.sampling_policy = policy
         self.params = list(policy.trainable_parameters())
-        self._optimizer = adamw(self.params, optim)
+        self.optimizer = adamw(self.params, optim)
         self.max_grad_norm = optim.max_grad_norm
         self.layout: Layout = optim.layout
-
-    @property
-    def policy(self) -> Policy:
-        return self._policy
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self._optimizer
-
-    @property
-    def sampling_policy(self) -> Policy:
-        return self._policy
 
     def forward(
         self, sequences: Sequence[Sequence[int]], *, temperature: float, values: bool
     ) -> PackedForward:
-        with self._policy.autocast():
+        with self.policy.autocast():
             return policy_forward(
-                self._policy, sequences, temperature=temperature, values=values, layout=self.layout
+                self.policy, sequences, temperature=temperature, values=values, layout=self.layout
             )
 
     def lay_out(self, batches: list[list[Sample]]) -> tuple[list[list[Sample]], int]:
         return batches, 0
 
     def zero_grad(self) -> None:
-        self._optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
 
     def backward(self, loss: torch.Tensor) -> None:
         torch.autograd.backward(loss)
@@ -165,20 +154,20 @@ class TorchBackend:
             )
         norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
         if not math.isfinite(norm):
-            self._optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=True)
             logger.warning("non_finite_gradient_skipped", grad_norm=norm)
             return norm
-        optimizer_step(self._optimizer)
+        optimizer_step(self.optimizer)
         return norm
 
     def publish(self) -> None:
         """Nothing to do: the samplers read the trained weights."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self._optimizer.state_dict()}
+        return {"optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
     def save_partitions(self, root: Path) -> dict[str, CheckpointWriter]:
         """Nothing beyond the policy's files."""

@@ -165,8 +165,8 @@ class DeepSpeedBackend:
             # Nothing reads the value head without GAE; frozen, it stays out of the engine (as in one process,
             # where it never receives a gradient).
             policy.value_head.requires_grad_(False)
-        self._policy = policy
-        self.replica = replica
+        self.policy = policy
+        self.sampling_policy = replica
         replica.eval()
         for param in replica.model.parameters():
             param.requires_grad_(False)
@@ -177,26 +177,14 @@ class DeepSpeedBackend:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.filler_token = int(pad or 0)
         params = list(policy.trainable_parameters())
-        self._optimizer = adamw(params, config.optim)
+        self.optimizer = adamw(params, config.optim)
         self.module = _EngineModule(policy, layout=config.optim.layout, with_values=with_values)
         self.engine, *_ = deepspeed.initialize(
             model=self.module,
-            optimizer=self._optimizer,
+            optimizer=self.optimizer,
             model_parameters=params,
             config=deepspeed_config(config),
         )
-
-    @property
-    def policy(self) -> Policy:
-        return self._policy
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self._optimizer
-
-    @property
-    def sampling_policy(self) -> Policy:
-        return self.replica
 
     # -- the update -----------------------------------------------------------------------------------------
 
@@ -248,9 +236,11 @@ class DeepSpeedBackend:
     def publish(self) -> None:
         """Gather every engine parameter to full size (collective) and load it into this rank's replica."""
         deepspeed = require_deepspeed()
-        replica = {f"model.{n}": p for n, p in self.replica.model.named_parameters()}
-        if self.replica.value_head is not None:
-            replica.update({f"value_head.{n}": p for n, p in self.replica.value_head.named_parameters()})
+        replica = {f"model.{n}": p for n, p in self.sampling_policy.model.named_parameters()}
+        if self.sampling_policy.value_head is not None:
+            replica.update(
+                {f"value_head.{n}": p for n, p in self.sampling_policy.value_head.named_parameters()}
+            )
         with torch.no_grad():
             for name, param in self.module.named_parameters():
                 with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
