@@ -361,7 +361,11 @@ class Trainer:
                 self.state.step,
                 writers={"policy": self.backend.sampling_policy.save_pretrained, **parts},
                 state_dicts=state_dicts,
-                meta={"state": self.state.to_dict(), **self.backend.checkpoint_meta()},
+                meta={
+                    "state": self.state.to_dict(),
+                    "logs": self.run_dir.log_marks(),
+                    **self.backend.checkpoint_meta(),
+                },
             )
         collectives.barrier()
         self.emit("after_checkpoint")
@@ -388,7 +392,8 @@ class Trainer:
         self.stream.position = self.state.position
         self.sync_sampler()
         if self.is_writer:
-            self.run_dir.rewind(self.state.step)
+            self.run_dir.rewind(self.state.step, marks=loaded.meta.get("logs"))
+            self.history = self.run_dir.read_metrics().records  # the summary covers the whole run
         self.restored_from = str(loaded.path)
         logger.info("resumed", checkpoint=loaded.path.name, stage=self.state.stage, step=self.state.step)
 
