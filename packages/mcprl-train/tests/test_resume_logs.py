@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from mcprl_train.config import Config
 from mcprl_train.loop.trainer import Trainer
+from mcprl_train.run.kill_resume import run_differences
 from mcprl_train.run.run_dir import RunDir
 from mcprl_train.run.sinks import MetricKind, Record
 
@@ -102,21 +104,16 @@ class CrashAfterFinalValidation:
     def write_summary(self, summary: object) -> None: ...
 
 
-@pytest.mark.slow
-def test_a_run_cut_after_its_final_validation_resumes_to_one_final_record_and_a_whole_summary(
-    tmp_path: Path,
-) -> None:
-    """The real trainer (tiny model, the demo's stdio servers): the cut falls between the final validation
-    (logged at the last step) and the run's last checkpoint, the place a step-based rewind gets wrong."""
+def _short_config(tmp_path: Path, name: str, *extra: str) -> Config:
     import mcprl_tasks
 
     train, _ = mcprl_tasks.load_preset("demo")
     tasks = tmp_path / "tasks.json"
     tasks.write_text(json.dumps(mcprl_tasks.read_tasks(train)[:4]))
-    config = Config.load(
+    return Config.load(
         "cpu",
         overrides=[
-            "run.name=cut",
+            f"run.name={name}",
             f"run.output_dir={tmp_path / 'runs'}",
             "run.steps=1",
             "run.checkpoint_every=1",
@@ -131,8 +128,50 @@ def test_a_run_cut_after_its_final_validation_resumes_to_one_final_record_and_a_
             "env.template_date=2026-01-01",
             "eval.every=0",
             "tracking.progress=false",
+            *extra,
         ],
     )
+
+
+def _stop_in_the_warm_start(sft_step: int) -> Callable[[str, Trainer], None]:
+    def hook(event: str, trainer: Trainer) -> None:
+        if (
+            event == "after_checkpoint"
+            and trainer.state.stage == "sft"
+            and trainer.state.sft_step == sft_step
+        ):
+            raise Interrupted
+
+    return hook
+
+
+@pytest.mark.slow
+def test_a_run_cut_in_its_warm_start_resumes_there_and_equals_the_uninterrupted_run(tmp_path: Path) -> None:
+    every = ("sft.steps=4", "sft.checkpoint_every=2")
+    straight = _short_config(tmp_path, "straight", *every)
+    Trainer(straight, RunDir.create(straight)).run()
+    config = _short_config(tmp_path, "cut", *every)
+    with pytest.raises(Interrupted):
+        Trainer(config, RunDir.create(config), hooks=(_stop_in_the_warm_start(2),)).run()
+    run = RunDir.open(tmp_path / "runs" / "cut")
+    loaded = run.checkpoints.load_latest()
+    assert loaded is not None
+    assert (loaded.meta["state"]["stage"], loaded.meta["state"]["sft_step"]) == ("sft", 2)
+    resumed = Trainer(config, run, resume=True)
+    resumed.run()
+    assert resumed.restored_from is not None  # the warm start went on from step 2, not from the start
+    sft_steps = [r["sft_step"] for r in run.read_metrics().records if r["kind"] == "sft"]
+    assert sft_steps == [1, 2, 3, 4]
+    assert run_differences(tmp_path / "runs" / "straight", run.path) == []
+
+
+@pytest.mark.slow
+def test_a_run_cut_after_its_final_validation_resumes_to_one_final_record_and_a_whole_summary(
+    tmp_path: Path,
+) -> None:
+    """The real trainer (tiny model, the demo's stdio servers): the cut falls between the final validation
+    (logged at the last step) and the run's last checkpoint, the place a step-based rewind gets wrong."""
+    config = _short_config(tmp_path, "cut")
     with pytest.raises(Interrupted):
         Trainer(config, RunDir.create(config), sinks=(CrashAfterFinalValidation(),)).run()
     run = RunDir.open(tmp_path / "runs" / "cut")

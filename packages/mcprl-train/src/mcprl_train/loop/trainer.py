@@ -241,6 +241,10 @@ class Trainer:
             if cfg.eval_every and self.state.sft_step % cfg.eval_every == 0 and self.state.sft_step < total:
                 self.sync_sampler()  # between optimizer steps: the samplers have not seen these weights
                 await self.evaluate("sft")
+            every = cfg.checkpoint_every
+            if every and self.state.sft_step % every == 0 and self.state.sft_step < total:
+                self.sync_sampler()  # a checkpoint saves the sampling policy's weights
+                self.checkpoint()
 
     async def grpo_step(self) -> dict[str, float]:
         """Collect `tasks_per_step` groups (back-filling zero-variance ones), learn, sync the sampler.
