@@ -242,20 +242,26 @@ def landed_phase(run: Path, log_start: int, stale: set[str]) -> str:
 
 
 def _after_checkpoint(run: Path, events: list[dict[str, Any]]) -> str:
-    """After a checkpoint (or a resume from one): the next step, the final evaluation or the summary."""
-    before = [e.get("event") for e in events[:-1]]
-    if before and before[-1] == "validation" and events[-2].get("tag") == "final":
+    """After a checkpoint or a resume from one: more warm start, the next step, the final evaluation or the
+    summary."""
+    last = events[-1]
+    before = events[-2] if len(events) > 1 else {}
+    if last.get("event") == "resumed":
+        stage = last.get("stage")
+    elif before.get("event") == "validation" and before.get("tag") == "final":
+        stage = "done"
+    elif before.get("event") == "sft_step":
+        stage = "sft"
+    else:
+        stage = "grpo"
+    step = int(last.get("step") or 0)
+    if stage == "sft":
+        return "warm start"
+    if stage == "done":
         return "final checkpoint written: summary"
-    steps = RunDir.open(run).load_config().run.steps
-    step = _last_checkpoint_step(run)
-    if step is None or step < steps:
-        return f"GRPO step {(step or 0) + 1}: collection or update"
+    if step < RunDir.open(run).load_config().run.steps:
+        return f"GRPO step {step + 1}: collection or update"
     return "final evaluation"
-
-
-def _last_checkpoint_step(run: Path) -> int | None:
-    loaded = RunDir.open(run).checkpoints.latest_pointer()
-    return None if loaded is None else int(loaded[0].split("-")[1])
 
 
 def run_differences(a: Path, b: Path) -> list[str]:
