@@ -98,4 +98,7 @@ def test_a_run_killed_at_random_points_and_resumed_equals_the_uninterrupted_run(
     report = [(k.trigger, k.phase, k.orphans) for k in result.kills]
     assert len(result.kills) == 3, report
     assert all(k.orphans == 0 for k in result.kills), report
-    assert run_differences(straight, killed) == [], report
+    # Which sampling requests share a forward pass depends on their arrival times, so the sampler's logprobs
+    # may differ in their last bits (RESULTS.md, "reproducible sampling"); tokens, rewards, every other
+    # metric and the final weights must not.
+    assert run_differences(straight, killed, exact=False) == [], report
