@@ -49,16 +49,25 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps of the run")
     parser.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temp dir)")
+    parser.add_argument(
+        "--reuse-straight",
+        action="store_true",
+        help="reuse <work>/runs/straight, an earlier uninterrupted run",
+    )
     parser.add_argument("--write", action="store_true", help="rewrite the section of benchmarks/RESULTS.md")
     args = parser.parse_args()
     test = _test_module()
     work = args.work or Path(tempfile.mkdtemp(prefix="kill-resume-"))
     work.mkdir(parents=True, exist_ok=True)
     root = work / "runs"
-    tasks = test.demo_tasks(work / "tasks.json")
+    tasks = work / "tasks.json" if args.reuse_straight else test.demo_tasks(work / "tasks.json")
     load = os.getloadavg()[0]
     t0 = time.monotonic()
-    straight, run_s = test.straight_run(root, tasks, steps=args.steps)
+    if args.reuse_straight:
+        straight = root / "straight"
+        run_s = float(json.loads((straight / "summary.json").read_text())["elapsed_s"])
+    else:
+        straight, run_s = test.straight_run(root, tasks, steps=args.steps)
     rows: list[tuple[int, list[Kill], list[str], int, bool]] = []
     for i in range(args.runs):
         name = f"killed-{i}"
@@ -95,7 +104,7 @@ def _section(
         SECTION,
         "",
         f"`uv run python benchmarks/bench_kill_resume.py --runs {args.runs} --kills {args.kills} --seed {args.seed}"
-        f"{'' if args.steps == 3 else f' --steps {args.steps}'} --write` (load {load:.1f} at the start on the shared "
+        f"{'' if args.steps == 3 else f' --steps {args.steps}'}{' --reuse-straight' if args.reuse_straight else ''} --write` (load {load:.1f} at the start on the shared "
         f"2-core machine; {wall_s:.0f} s in all; the uninterrupted run took {run_s:.0f} s). Each run is killed with "
         "SIGKILL (the trainer alone, as the OOM killer does) at points drawn from the seed: a random time within "
         "an uninterrupted run's length, a random delay after an announced phase (a `training.log` event), or the "
