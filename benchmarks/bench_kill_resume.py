@@ -83,10 +83,10 @@ def main() -> None:
         bitwise = not run_differences(straight, root / name)
         rows.append((i, list(result.kills), differences, result.attempts, bitwise))
         print(json.dumps({"run": name, "kills": [k.phase for k in result.kills], "differences": differences}))
-    text = _section(rows, run_s=run_s, load=load, wall_s=time.monotonic() - t0, args=args)
-    print(text)
-    if args.write:
-        replace_section(text)
+        text = _section(rows, run_s=run_s, load=load, wall_s=time.monotonic() - t0, args=args)
+        print(text)
+        if args.write:  # after every run, so a long benchmark cut short keeps what it measured
+            replace_section(text)
 
 
 def _section(
