@@ -159,6 +159,26 @@ async def _sweep_uid(uid: int) -> None:
     )
 
 
+async def _sweep_keyrings(uid: int, gid: int) -> bool:
+    """Empty and invalidate a throw-away uid's user keyrings from outside the call; True when done.
+
+    The supervisor sweeps them when the code exits by itself; a call killed at its deadline, for its output
+    or with its supervisor leaves them (and every key the code put there) in the kernel, where they count
+    against the per-user key quota for as long as the host runs. A process of that uid is the one that can
+    reach them (``@u``, ``@us``): the supervisor's file, started as root, drops to the uid to sweep them
+    (the uid itself may not be able to execute the interpreter).
+    """
+    if uid == 0 or os.geteuid() != 0:
+        return True  # no throw-away uid: rootless calls' keyrings go with their user namespace
+    done = await anyio.run_process(_sweep_command(uid, gid), env={}, cwd="/", check=False)
+    return done.returncode == 0
+
+
+def _sweep_command(uid: int, gid: int) -> list[str]:
+    python = [os.path.realpath(sys.executable), "-I", "-S", "-B", str(_SUPERVISOR)]
+    return [*python, "--sweep-keyrings", str(uid), str(gid)]
+
+
 def _call_cgroup(config: SandboxConfig) -> CallCgroup | None:
     """This call's memory cgroup, per ``config.memory_cgroup``.
 
@@ -322,6 +342,9 @@ async def run_sandboxed(code: str, config: SandboxConfig) -> RunOutcome:
             if cgroup is not None:
                 oom_killed = cgroup.oom_kills() > 0
                 await anyio.to_thread.run_sync(cgroup.remove)
+            swept = any(e["event"] == "exited" and e.get("keyrings_swept") for e in capture.events)
+            if not swept and not await _sweep_keyrings(uid, gid):
+                _log.warning("sandbox_keyrings_not_swept", uid=uid)
     outcome = _outcome(capture, timed_out, time.monotonic() - start, oom_killed)
     if any(e["event"] == "exited" and e.get("keyrings_swept") is False for e in capture.events):
         _log.warning("sandbox_keyrings_not_swept", uid=uid)

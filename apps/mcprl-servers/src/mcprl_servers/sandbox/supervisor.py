@@ -242,8 +242,7 @@ def _sweep_keyrings(uid: int, gid: int) -> bool:
     """Empty and invalidate the throw-away uid's user and user-session keyrings; True when done.
 
     They live in the kernel for as long as the uid's user namespace (the host's) does, whatever the call
-    put in them. Every other process of the call is killed first, so none adds a key after the sweep. Both
-    ids are looked up before either is invalidated: looking one up re-creates a missing or invalid other.
+    put in them. Every other process of the call is killed first, so none adds a key after the sweep.
     """
     if os.getpid() != 1:  # kill(-1) below must reach the call's processes only
         return False
@@ -259,17 +258,26 @@ def _sweep_keyrings(uid: int, gid: int) -> bool:
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
-            rings = [
-                _keyctl(_KEYCTL_GET_KEYRING_ID, spec, 0)
-                for spec in (_KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING)
-            ]
-            done = all(
-                r > 0 and _keyctl(_KEYCTL_CLEAR, r) == 0 and _keyctl(_KEYCTL_INVALIDATE, r) == 0
-                for r in rings
-            )
+            done = sweep_own_keyrings()
         os._exit(0 if done else 1)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
+
+
+def sweep_own_keyrings() -> bool:
+    """Empty and invalidate this process's uid's user and user-session keyrings; True when done.
+
+    Run as the throw-away uid: by the supervisor after the code exits, and by the server (`sweep_main`) after
+    a call it killed, which the supervisor did not outlive. Both ids are looked up before either is
+    invalidated: looking one up re-creates a missing or invalid other.
+    """
+    rings = [
+        _keyctl(_KEYCTL_GET_KEYRING_ID, spec, 0)
+        for spec in (_KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING)
+    ]
+    return all(
+        r > 0 and _keyctl(_KEYCTL_CLEAR, r) == 0 and _keyctl(_KEYCTL_INVALIDATE, r) == 0 for r in rings
+    )
 
 
 def _join_new_session_keyring() -> None:
@@ -409,5 +417,15 @@ def main() -> None:
     os._exit(0)
 
 
+def sweep_main(uid: int, gid: int) -> int:
+    """``supervisor.py --sweep-keyrings <uid> <gid>``, started as root: drop to the uid, sweep its keyrings."""
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    return 0 if sweep_own_keyrings() else 1
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--sweep-keyrings"]:
+        sys.exit(sweep_main(int(sys.argv[2]), int(sys.argv[3])))
     main()

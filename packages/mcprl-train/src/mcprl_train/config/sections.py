@@ -250,6 +250,9 @@ class SFTConfig:
     `mcprl_train.loop.demo_file`), checked at start-up; all of its lines are used and they replace the
     scripted ones, unless ``add_scripted`` also adds up to ``demos`` scripted demonstrations of the bundled
     families' tasks.
+
+    ``checkpoint_every`` saves a checkpoint every N SFT steps (0: only after the stage), so that a run killed
+    during a long warm start resumes from there instead of starting over.
     """
 
     enabled: bool = False
@@ -266,6 +269,7 @@ class SFTConfig:
     max_time_s: float | None = attrs.field(default=None, validator=v.optional(v.gt(0.0)))
     demos_path: str | None = attrs.field(default=None, validator=v.optional(v.min_len(1)))
     add_scripted: bool = False
+    checkpoint_every: int = attrs.field(default=0, validator=v.ge(0))
 
 
 @attrs.frozen(kw_only=True)

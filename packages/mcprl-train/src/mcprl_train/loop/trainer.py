@@ -241,6 +241,10 @@ class Trainer:
             if cfg.eval_every and self.state.sft_step % cfg.eval_every == 0 and self.state.sft_step < total:
                 self.sync_sampler()  # between optimizer steps: the samplers have not seen these weights
                 await self.evaluate("sft")
+            every = cfg.checkpoint_every
+            if every and self.state.sft_step % every == 0 and self.state.sft_step < total:
+                self.sync_sampler()  # a checkpoint saves the sampling policy's weights
+                self.checkpoint()
 
     async def grpo_step(self) -> dict[str, float]:
         """Collect `tasks_per_step` groups (back-filling zero-variance ones), learn, sync the sampler.
@@ -361,7 +365,11 @@ class Trainer:
                 self.state.step,
                 writers={"policy": self.backend.sampling_policy.save_pretrained, **parts},
                 state_dicts=state_dicts,
-                meta={"state": self.state.to_dict(), **self.backend.checkpoint_meta()},
+                meta={
+                    "state": self.state.to_dict(),
+                    "logs": self.run_dir.log_marks(),
+                    **self.backend.checkpoint_meta(),
+                },
             )
         collectives.barrier()
         self.emit("after_checkpoint")
@@ -388,7 +396,8 @@ class Trainer:
         self.stream.position = self.state.position
         self.sync_sampler()
         if self.is_writer:
-            self.run_dir.rewind(self.state.step)
+            self.run_dir.rewind(self.state.step, marks=loaded.meta.get("logs"))
+            self.history = self.run_dir.read_metrics().records  # the summary covers the whole run
         self.restored_from = str(loaded.path)
         logger.info("resumed", checkpoint=loaded.path.name, stage=self.state.stage, step=self.state.step)
 

@@ -22,9 +22,10 @@ API (used by `mcprl_train.loop.trainer.Trainer`; `RunDir` is a `mcprl_train.run.
   write + flush + fsync; records whose ``(run, step, episode_id)`` was already written are dropped.
 - ``write_metrics`` / ``write_episodes`` / ``write_summary`` — the sink protocol: the two appends above and
   ``summary.json``.
-- ``run_dir.rewind(step)`` — on resume: cut a torn last line, drop every record logged after ``step`` (the
-  restored checkpoint's step; those steps are re-run), and return a `RewindReport`. After it, the logs hold
-  exactly what an uninterrupted run would have written up to ``step``.
+- ``run_dir.log_marks()`` — the logs' sizes, stored in each checkpoint's meta (``logs``).
+- ``run_dir.rewind(step, marks=...)`` — on resume: cut a torn last line, drop every record logged after the
+  restored checkpoint was saved (its ``logs`` marks; by ``step`` for a checkpoint without them), and return a
+  `RewindReport`. After it, the logs hold exactly what an uninterrupted run had written at that checkpoint.
 - ``run_dir.read_metrics()`` / ``run_dir.read_trajectories()`` — records, skipping (and reporting) a torn line.
 - ``run_dir.checkpoints`` — the `CheckpointManager` of ``checkpoints/``.
 - ``open_checkpoint(path)`` — a checkpoint directory or a run's latest checkpoint, with its run (eval, export).
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from mcprl_train.config import Config
     from mcprl_train.run.sinks import MetricKind, Record
 
-__all__ = ["JsonlReadResult", "RewindReport", "RunDir", "read_jsonl"]
+__all__ = ["JsonlReadResult", "RewindReport", "RunDir", "read_jsonl", "read_jsonl_bytes"]
 
 logger = structlog.get_logger()
 
@@ -102,7 +103,12 @@ def read_jsonl(path: Path) -> JsonlReadResult:
     """
     if not path.exists():
         return JsonlReadResult(records=[])
-    body, sep, tail = path.read_bytes().rpartition(b"\n")
+    return read_jsonl_bytes(path.read_bytes())
+
+
+def read_jsonl_bytes(data: bytes) -> JsonlReadResult:
+    """`read_jsonl` of a file's contents."""
+    body, sep, tail = data.rpartition(b"\n")
     records: list[dict[str, Any]] = []
     bad: list[int] = []
     for number, line in enumerate(body.split(b"\n") if sep else [], start=1):
@@ -265,11 +271,26 @@ class RunDir:
     def read_trajectories(self) -> JsonlReadResult:
         return read_jsonl(self.trajectories_path)
 
-    def rewind(self, step: int) -> RewindReport:
-        """Make the logs end at ``step``: cut a torn last line, drop records of later steps.
+    def log_marks(self) -> dict[str, int]:
+        """The logs' sizes in bytes now: a checkpoint stores them so a resume cuts the logs where it was saved.
 
-        Call it on resume with the restored checkpoint's step, before the first new append. Files are
-        rewritten atomically; a torn line and dropped counts are logged as warnings and returned.
+        A step's number alone cannot say where: the warm start logs many records at GRPO step 0, and the final
+        validation is logged at the last step after that step's checkpoint.
+        """
+        return {
+            path.name: path.stat().st_size if path.exists() else 0
+            for path in (self.metrics_path, self.trajectories_path)
+        }
+
+    def rewind(self, step: int, *, marks: Mapping[str, int] | None = None) -> RewindReport:
+        """Make the logs end where the checkpoint being resumed was saved: cut a torn last line, drop later records.
+
+        Call it on resume, before the first new append, with the restored checkpoint's step and its
+        `log_marks` (``marks``). With marks, every record written after the mark is dropped, except the
+        ``checkpoint_eval`` records that ``mcprl-train eval`` appends (not the trainer's). Without marks (a
+        checkpoint saved before they existed, or no checkpoint: ``step=-1``), records of steps after ``step``
+        are dropped. Files are rewritten atomically; a torn line and dropped counts are logged as warnings
+        and returned.
         """
         torn: dict[str, str] = {}
         dropped: dict[str, int] = {}
@@ -277,7 +298,12 @@ class RunDir:
             if not path.exists():
                 continue
             result = read_jsonl(path)
-            keep = [r for r in result.records if int(r.get("step", 0)) <= step]
+            kept_before = _records_before(path, marks.get(path.name)) if marks is not None else None
+            if kept_before is None:
+                keep = [r for r in result.records if int(r.get("step", 0)) <= step]
+            else:
+                later = result.records[kept_before:]
+                keep = result.records[:kept_before] + [r for r in later if r.get("tag") == "checkpoint_eval"]
             if result.torn_line is not None:
                 torn[path.name] = result.torn_line[:200]
                 logger.warning("torn_line_skipped", file=str(path), line=result.torn_line[:200])
@@ -291,6 +317,19 @@ class RunDir:
         if not report.clean:
             logger.warning("run_logs_rewound", step=step, dropped=dropped, torn=sorted(torn))
         return report
+
+
+def _records_before(path: Path, mark: int | None) -> int | None:
+    """How many complete records ``path`` holds in its first ``mark`` bytes; None when ``mark`` is not the end
+    of a line there (the file was rewritten since the mark was taken)."""
+    if mark is None:
+        return None
+    with path.open("rb") as handle:
+        head = handle.read(mark)
+    if len(head) != mark or (mark and not head.endswith(b"\n")):
+        logger.warning("log_mark_not_at_a_line_end", file=str(path), mark=mark)
+        return None
+    return len(read_jsonl_bytes(head).records)
 
 
 def _dump(record: Mapping[str, Any]) -> str:
