@@ -84,7 +84,7 @@ def line(run: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(description="Rollout/learn overlap against the plain loop on the demo.")
     parser.add_argument("--checkpoint", type=Path, required=True, help="a warm-started run or checkpoint")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
