@@ -16,7 +16,7 @@ import torch
 import mcprl_tasks
 from mcprl_policy import Policy
 from mcprl_train.config import Config
-from mcprl_train.errors import ConfigError
+from mcprl_train.errors import ConfigError, InvalidRateError
 from mcprl_train.loop.overlap import CollectedStep, learn_while_collecting
 from mcprl_train.loop.snapshot import SamplingSnapshot
 from mcprl_train.loop.trainer import Trainer
@@ -164,6 +164,44 @@ def test_the_update_runs_in_a_thread_while_the_collection_runs_on_the_event_loop
     assert ready is sentinel
     assert learned["loss/policy"] == 1.0
     assert learned["perf/learn_s"] >= 0.0
+
+
+def test_a_collection_error_reaches_the_caller_as_itself_after_the_update_finished() -> None:
+    """The invalid-rate guard in a collection beside an update stops the run with its own error, not a group."""
+    finished: list[bool] = []
+
+    def learn() -> dict[str, float]:
+        anyio.from_thread.run(anyio.sleep, 0.2)
+        finished.append(True)
+        return {}
+
+    async def collect() -> CollectedStep:
+        raise InvalidRateError(
+            "8/8 episodes (100.0%) failed for reasons other than the model, above run.max_invalid_rate"
+        )
+
+    async def main() -> None:
+        await learn_while_collecting(learn, collect)
+
+    with pytest.raises(InvalidRateError, match="max_invalid_rate"):
+        anyio.run(main)
+    assert finished == [True]
+
+
+def test_an_update_error_reaches_the_caller_as_itself() -> None:
+    def learn() -> dict[str, float]:
+        raise FloatingPointError("loss is nan")
+
+    async def collect() -> CollectedStep:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def main() -> None:
+        with anyio.fail_after(20):
+            await learn_while_collecting(learn, collect)
+
+    with pytest.raises(FloatingPointError, match="loss is nan"):
+        anyio.run(main)
 
 
 def test_without_a_collection_the_update_runs_alone() -> None:

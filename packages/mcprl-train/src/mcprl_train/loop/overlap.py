@@ -132,8 +132,11 @@ async def learn_while_collecting(
 
     Returns:
         ``learn``'s metrics with ``perf/learn_s`` (its own wall time), and the collection (None without one).
-        An exception of either cancels the collection and propagates once the update has finished (a thread
-        cannot be interrupted).
+
+    Raises:
+        Exception: what ``learn`` or ``collect`` raised (unwrapped from the task group's exception group when
+            it is the only one); it cancels the collection and propagates once the update has finished (a
+            thread cannot be interrupted).
     """
     learned: dict[str, float] = {}
     ready: list[CollectedStep] = []
@@ -149,7 +152,14 @@ async def learn_while_collecting(
     if collect is None:
         timed_learn()
         return learned, None
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run_collect, collect)
-        await anyio.to_thread.run_sync(timed_learn)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_collect, collect)
+            await anyio.to_thread.run_sync(timed_learn)
+    except BaseExceptionGroup as group:
+        if (
+            len(group.exceptions) == 1
+        ):  # the run's own errors (InvalidRateError, ...) reach the CLI as they are
+            raise group.exceptions[0] from None
+        raise
     return learned, ready[0]
