@@ -26,12 +26,12 @@ import attrs
 
 from mcprl_train.config import Config
 from mcprl_train.loop.collection import Collection, check_invalid_rate, rollout_metrics, tool_step_metrics
-from mcprl_train.loop.learner import Learner
+from mcprl_train.loop.learner import Learner, mean_over_ranks
 from mcprl_train.loop.rollouts import Rollouts
 from mcprl_train.loop.samples import Sample
 from mcprl_train.loop.task_stream import StreamPosition, TaskStream
 
-__all__ = ["CollectedStep", "collect_step", "learn_while_collecting"]
+__all__ = ["CollectedStep", "collect_step", "learn_step", "learn_while_collecting"]
 
 
 @attrs.frozen(kw_only=True)
@@ -122,6 +122,13 @@ async def collect_step(
         sampled_after=sampled_after,
         metrics=metrics,
     )
+
+
+def learn_step(learner: Learner, samples: list[Sample], step: int) -> dict[str, float]:
+    """Step ``step``'s update on this process's samples (every rank's mean metrics); the reference follows."""
+    metrics = mean_over_ranks(learner.update(samples))
+    learner.step_reference(step)
+    return metrics
 
 
 async def learn_while_collecting(

@@ -27,10 +27,9 @@ from mcprl_train import build, collectives
 from mcprl_train.build import TaskData
 from mcprl_train.config import Config
 from mcprl_train.loop.collection import Collection
-from mcprl_train.loop.learner import Learner, mean_over_ranks
-from mcprl_train.loop.overlap import CollectedStep, collect_step, learn_while_collecting
+from mcprl_train.loop.learner import Learner
+from mcprl_train.loop.overlap import CollectedStep, collect_step, learn_step, learn_while_collecting
 from mcprl_train.loop.rollouts import Rollouts
-from mcprl_train.loop.samples import Sample
 from mcprl_train.loop.state import TrainState, seed_everything
 from mcprl_train.loop.summary import run_summary
 from mcprl_train.loop.task_stream import TaskStream
@@ -267,8 +266,10 @@ class Trainer:
         every = cfg.run.checkpoint_every
         prefetch = cfg.collection.overlap and step < cfg.run.steps and not (every and step % every == 0)
         self.progress.work_done()
+        learner = self.learner
         learned, self.pending = await learn_while_collecting(
-            lambda: self.learn(ready.samples, step), (lambda: self.collect(step + 1)) if prefetch else None
+            lambda: learn_step(learner, ready.samples, step),
+            (lambda: self.collect(step + 1)) if prefetch else None,
         )
         self.sync_sampler()
         self.synced_step = step
@@ -297,13 +298,6 @@ class Trainer:
             learner=self.learner,
             sampled_after=self.synced_step,
         )
-
-    def learn(self, samples: list[Sample], step: int) -> dict[str, float]:
-        """Step ``step``'s update on this process's samples (every rank's mean metrics); the reference follows."""
-        assert self.learner is not None
-        metrics = mean_over_ranks(self.learner.update(samples))
-        self.learner.step_reference(step)
-        return metrics
 
     def sync_sampler(self) -> None:
         """Publish the trained weights to the sampling policy and the samplers."""
