@@ -66,7 +66,7 @@ def one_run(args: argparse.Namespace, policy_dir: str, out: Path, name: str, ove
         "collect_s": statistics.fmean(float(r["perf/collect_s"]) for r in steps),
         "learn_s": statistics.fmean(float(r["perf/learn_s"]) for r in steps),
         "lag": [float(r.get("rollout/policy_lag", 0.0)) for r in steps],
-        "curve": [(int(r["step"]), float(r["val/success_rate"])) for r in evals],
+        "curve": [(int(r["step"]), float(r["val/success_rate"]), float(r["val/reward_mean"])) for r in evals],
         "train_success": statistics.fmean(float(r["rollout/success_rate"]) for r in steps),
         "process_wall_s": wall,
         "process_cpu_s": cpu,
@@ -75,7 +75,7 @@ def one_run(args: argparse.Namespace, policy_dir: str, out: Path, name: str, ove
 
 
 def line(run: dict[str, Any]) -> str:
-    curve = " ".join(f"{s}:{v:.3f}" for s, v in run["curve"])
+    curve = " ".join(f"{s}:{v:.3f}/{w:.3f}" for s, v, w in run["curve"])
     return (
         f"| {'on' if run['overlap'] else 'off'} | {run['mean_step_s']:.2f} | {run['collect_s']:.2f} | "
         f"{run['learn_s']:.2f} | {run['grpo_s']:.1f} | {run['process_cpu_s']:.1f} | {run['process_wall_s']:.1f} | "
@@ -100,7 +100,7 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     print(
         "| overlap | mean step (s) | collect (s) | learn (s) | GRPO steps (s) | CPU, process tree (s) | "
-        "process wall (s) | held-out success (step:rate) | train success | load |"
+        "process wall (s) | held-out (step:success/reward) | train success | load |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---|---:|---|")
     with tempfile.TemporaryDirectory(prefix="bench-overlap-") as tmp:
