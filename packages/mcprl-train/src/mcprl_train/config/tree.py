@@ -115,6 +115,7 @@ class Config:
         if self.distributed.backend == "none" and self.distributed.zero_stage != 0:
             raise ConfigError("distributed.zero_stage: a ZeRO stage needs distributed.backend=deepspeed")
         self._check_deepspeed_precision()
+        self._check_overlap()
 
     def _check_deepspeed_precision(self) -> None:
         """Under DeepSpeed, its bf16 mode is the mixed precision: it must agree with ``model.dtype``."""
@@ -130,6 +131,31 @@ class Config:
             raise ConfigError(
                 "model.master_weights=false: DeepSpeed's bf16 always keeps fp32 master weights and optimizer "
                 "states; bf16-true runs in one process (distributed.backend=none)"
+            )
+
+    def _check_overlap(self) -> None:
+        """Overlap samples a step behind: π_old must be the sampler's (or TIS must weigh against it)."""
+        grpo = self.grpo
+        if not self.collection.overlap:
+            return
+        if self.distributed.backend != "none":
+            raise ConfigError(
+                f"collection.overlap: true with distributed.backend={self.distributed.backend}: the update's "
+                "collectives and the collection's all-gathers would run from two threads, in an order that may "
+                "differ between ranks; set collection.overlap=false"
+            )
+        recompute = (
+            grpo.ppo_epochs * grpo.minibatches > 1
+            or grpo.estimator == "gae"
+            or grpo.old_logprobs == "recompute"
+        )
+        if recompute and grpo.tis is None:
+            raise ConfigError(
+                f"collection.overlap: true recomputes π_old with the learner's newer weights here (grpo.ppo_epochs="
+                f"{grpo.ppo_epochs}, grpo.minibatches={grpo.minibatches}, grpo.estimator={grpo.estimator}, "
+                f"grpo.old_logprobs={grpo.old_logprobs}), so nothing would correct for the step the sampler lags "
+                "behind: set grpo.tis (e.g. grpo.tis=2.0), or use the sampler's logprobs (grpo.old_logprobs=sampler, "
+                "grpo.ppo_epochs=1, grpo.minibatches=1, a group estimator)"
             )
 
     def _check_kl_and_reference(self) -> None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mcprl_env import Environment, Task, derive_seed
-from mcprl_policy import PolicySampler
+from mcprl_policy import Policy, PolicySampler
 from mcprl_train import build, collectives
 from mcprl_train.config import Config
 from mcprl_train.loop.collection import Collection, collect_share
 from mcprl_train.loop.evaluation import evaluate_tasks
+from mcprl_train.loop.snapshot import SamplingSnapshot
 from mcprl_train.loop.state import sampler_seed
 from mcprl_train.loop.update import UpdateBackend
 from mcprl_train.run.progress import RunProgress
@@ -53,7 +54,10 @@ class Rollouts:
         self.progress = progress
         self.rank = collectives.rank()
         self.world = collectives.world_size()
-        policy = backend.sampling_policy
+        self.snapshot: SamplingSnapshot | None = None
+        if config.collection.overlap:
+            self.snapshot = SamplingSnapshot(backend.sampling_policy)
+        policy = self.sampling_policy
         self.sampler: PolicySampler = build.build_sampler(
             config, policy, seed=config.run.seed + 7_919 * self.rank
         )
@@ -61,15 +65,22 @@ class Rollouts:
             config, policy, greedy=config.eval.greedy, seed=config.run.seed
         )
 
+    @property
+    def sampling_policy(self) -> Policy:
+        """What the samplers generate from: the backend's sampling policy, or its snapshot under overlap."""
+        return self.snapshot.policy if self.snapshot is not None else self.backend.sampling_policy
+
     def start_step(self, step: int) -> None:
         """The rollout sampler of GRPO step ``step`` (HF: a fresh, step-seeded generator)."""
         if self.config.sampler.backend == "hf":
             seed = sampler_seed(self.config.run.seed, step, self.rank)
-            self.sampler = build.build_sampler(self.config, self.backend.sampling_policy, seed=seed)
+            self.sampler = build.build_sampler(self.config, self.sampling_policy, seed=seed)
 
     def sync(self) -> None:
-        """Publish the trained weights to the sampling policy and the samplers."""
+        """Publish the trained weights to the sampling policy (and its snapshot) and the samplers."""
         self.backend.publish()
+        if self.snapshot is not None:
+            self.snapshot.refresh()
         self.sampler.sync_weights()
         self.eval_sampler.sync_weights()
 
@@ -99,6 +110,7 @@ class Rollouts:
         the weights (a collective under DeepSpeed).
         """
         self.backend.policy.eval()
+        self.sampling_policy.eval()
         self.progress.work(f"validate ({label})", total=-(-len(tasks) // self.world))
         try:
             metrics, _ = await evaluate_tasks(
@@ -111,5 +123,6 @@ class Rollouts:
             )
         finally:
             self.backend.policy.train()
+            self.sampling_policy.train()
             self.progress.work_done()
         return metrics

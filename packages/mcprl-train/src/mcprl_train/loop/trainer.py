@@ -26,8 +26,9 @@ from mcprl_policy.decode import end_of_turn_ids
 from mcprl_train import build, collectives
 from mcprl_train.build import TaskData
 from mcprl_train.config import Config
-from mcprl_train.loop.collection import Collection, check_invalid_rate, rollout_metrics, tool_step_metrics
-from mcprl_train.loop.learner import Learner, mean_over_ranks
+from mcprl_train.loop.collection import Collection
+from mcprl_train.loop.learner import Learner
+from mcprl_train.loop.overlap import CollectedStep, collect_step, learn_step, learn_while_collecting
 from mcprl_train.loop.rollouts import Rollouts
 from mcprl_train.loop.state import TrainState, seed_everything
 from mcprl_train.loop.summary import run_summary
@@ -100,6 +101,8 @@ class Trainer:
         self.val_tasks: list[Task] = []
         self.history: list[dict[str, Any]] = []
         self.last_step_tasks: list[str] = []
+        self.pending: CollectedStep | None = None  # the next step's collection, run beside this step's update
+        self.synced_step = 0  # the GRPO step whose update the samplers' weights came from
         self.restored_from: str | None = None
         self.clock = time.perf_counter()
         self.teacher_success: float | None = None
@@ -247,66 +250,58 @@ class Trainer:
                 self.checkpoint()
 
     async def grpo_step(self) -> dict[str, float]:
-        """Collect `tasks_per_step` groups (back-filling zero-variance ones), learn, sync the sampler.
+        """Learn on step k's groups (collected on their own, or beside step k-1's update), sync the samplers.
 
-        The back-fill decision is taken on every rank's groups, the update on this process's own.
+        With ``collection.overlap`` step k+1 is collected while step k's update runs (`mcprl_train.loop.overlap`),
+        except before a scheduled checkpoint and after the last step: a checkpoint then holds nothing in flight.
         """
-        assert self.stream is not None
         assert self.learner is not None
         cfg = self.config
         step = self.state.step + 1
         t0 = time.perf_counter()
-        assert self.rollouts is not None
-        tasks = self.stream.take(cfg.grpo.tasks_per_step)
-        self.rollouts.start_step(step)
-        self.last_step_tasks = [t.id for t in tasks]
-        self.emit("before_rollout")
-        mine, collected = await self.rollouts.collect(tasks, step, round_=0)
-        everyone = collected.groups
-        invalid_rate = check_invalid_rate(everyone, cfg.run.max_invalid_rate)
-        samples, adv = self.learner.prepare(everyone)
-        rounds = 0
-        while cfg.grpo.filter_zero_std and rounds < cfg.grpo.backfill_rounds:
-            kept = int(adv["adv/groups"] * (1.0 - adv["adv/zero_std_frac"]))
-            missing = cfg.grpo.tasks_per_step - kept
-            if missing <= 0:
-                break
-            rounds += 1
-            extra_tasks = self.stream.take(missing)
-            self.last_step_tasks += [t.id for t in extra_tasks]
-            extra_mine, extra_all = await self.rollouts.collect(extra_tasks, step, round_=rounds)
-            check_invalid_rate(extra_all.groups, cfg.run.max_invalid_rate)
-            mine, collected = mine + extra_mine, collected + extra_all
-            everyone = collected.groups
-            samples, adv = self.learner.prepare(everyone)
-        if len(mine.groups) != len(everyone):  # data-parallel: learn on this process's groups only
-            samples, _ = self.learner.prepare(mine.groups)
-        t_collect = time.perf_counter() - t0
-        self.emit("after_rollout")
-        self.state.position = self.stream.position
-        metrics = rollout_metrics(everyone)
-        metrics.update(tool_step_metrics(self.rollouts.env))
-        metrics.update(self.rollouts.sampler.metrics())
-        metrics.update(adv)
-        metrics["rollout/invalid_rate"] = invalid_rate
-        metrics.update(collected.retry_metrics())
-        metrics["adv/backfill_rounds"] = float(rounds)
-        t1 = time.perf_counter()
+        ready = self.pending
+        self.pending = None
+        if ready is None:
+            self.emit("before_rollout")
+            ready = await self.collect(step)
+            self.emit("after_rollout")
+        self.last_step_tasks = ready.task_ids
+        self.state.position = ready.position
+        every = cfg.run.checkpoint_every
+        prefetch = cfg.collection.overlap and step < cfg.run.steps and not (every and step % every == 0)
         self.progress.work_done()
-        metrics.update(mean_over_ranks(self.learner.update(samples)))
+        learner = self.learner
+        learned, self.pending = await learn_while_collecting(
+            lambda: learn_step(learner, ready.samples, step),
+            (lambda: self.collect(step + 1)) if prefetch else None,
+        )
         self.sync_sampler()
-        self.learner.step_reference(step)
+        self.synced_step = step
         self.emit("after_update")
-        t_learn = time.perf_counter() - t1
         self.state.step = step
         elapsed = time.perf_counter() - t0
+        everyone = ready.collected.groups
         n_tokens = sum(len(e.token_ids) for g in everyone for e in g.episodes)
-        metrics |= {"perf/collect_s": t_collect, "perf/learn_s": t_learn, "perf/step_s": elapsed}
-        metrics |= {"perf/tokens_per_s": n_tokens / max(1e-9, elapsed), "time/elapsed_s": self.elapsed()}
+        metrics = ready.metrics | learned | {"perf/step_s": elapsed, "time/elapsed_s": self.elapsed()}
+        metrics["perf/tokens_per_s"] = n_tokens / max(1e-9, elapsed)
         self.log_metrics("grpo", step, metrics)
-        self.write_trajectories(step, collected)
+        self.write_trajectories(step, ready.collected)
         self.emit("after_step")
         return metrics
+
+    async def collect(self, step: int) -> CollectedStep:
+        """Step ``step``'s collection from the weights the samplers hold now (`collect_step`)."""
+        assert self.stream is not None
+        assert self.rollouts is not None
+        assert self.learner is not None
+        return await collect_step(
+            self.config,
+            step,
+            stream=self.stream,
+            rollouts=self.rollouts,
+            learner=self.learner,
+            sampled_after=self.synced_step,
+        )
 
     def sync_sampler(self) -> None:
         """Publish the trained weights to the sampling policy and the samplers."""
@@ -395,6 +390,7 @@ class Trainer:
         loaded.restore_rng()
         self.stream.position = self.state.position
         self.sync_sampler()
+        self.synced_step = self.state.step
         if self.is_writer:
             self.run_dir.rewind(self.state.step, marks=loaded.meta.get("logs"))
             self.history = self.run_dir.read_metrics().records  # the summary covers the whole run
