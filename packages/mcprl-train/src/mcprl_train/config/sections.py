@@ -391,6 +391,10 @@ class OptimConfig:
     logits_chunk_size: int = attrs.field(default=1024, validator=v.ge(1))
 
 
+SFTLayout = Literal["auto", "packed", "padded"]
+"""The warm start's forward layout: ``auto`` packs unless the model cannot be packed (`warm_start.sft_layout`)."""
+
+
 @attrs.frozen(kw_only=True)
 class SFTConfig:
     """Optional supervised warm-up on scripted demonstrations before RL.
@@ -408,6 +412,11 @@ class SFTConfig:
     `mcprl_train.loop.demo_file`), checked at start-up; all of its lines are used and they replace the
     scripted ones, unless ``add_scripted`` also adds up to ``demos`` scripted demonstrations of the bundled
     families' tasks.
+
+    ``scheduler`` decays the learning rate after the warmup over the stage's steps (``constant``: no decay).
+    ``layout`` is the forward's layout (micro-batches of ``optim.micro_batch_tokens`` either way): ``packed``
+    (one row per micro-batch, varlen attention), ``padded`` (right-padded rows), or ``auto``: packed unless the
+    model has linear-attention layers.
     """
 
     enabled: bool = False
@@ -424,6 +433,8 @@ class SFTConfig:
     max_time_s: float | None = attrs.field(default=None, validator=v.optional(v.gt(0.0)))
     demos_path: str | None = attrs.field(default=None, validator=v.optional(v.min_len(1)))
     add_scripted: bool = False
+    layout: SFTLayout = "auto"
+    scheduler: Scheduler = "constant"
 
 
 @attrs.frozen(kw_only=True)
