@@ -64,10 +64,12 @@ def test_an_sft_step_takes_the_gradient_of_the_token_mean_nll_of_the_assistant_t
         torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-4)
 
 
-def test_auto_layout_packs_a_model_without_linear_attention() -> None:
-    policy = Policy.from_pretrained("tiny")
+def test_auto_layout_packs_only_where_attention_is_varlen() -> None:
+    policy = Policy.from_pretrained("tiny")  # attn_implementation auto: mcprl_varlen_sdpa on CPU
     assert sft_layout("auto", policy) == "packed"
     assert sft_layout("padded", policy) == "padded"
+    # plain SDPA would attend through an N x N block-diagonal mask over a packed row
+    assert sft_layout("auto", Policy.from_pretrained("tiny", attn_implementation="sdpa")) == "padded"
 
 
 def test_the_sft_schedule_decays_the_learning_rate_over_the_stage() -> None:

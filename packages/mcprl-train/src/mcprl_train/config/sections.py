@@ -392,7 +392,7 @@ class OptimConfig:
 
 
 SFTLayout = Literal["auto", "packed", "padded"]
-"""The warm start's forward layout: ``auto`` packs unless the model cannot be packed (`warm_start.sft_layout`)."""
+"""The warm start's forward layout: ``auto`` packs where attention is varlen (`warm_start.sft_layout`)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -415,8 +415,8 @@ class SFTConfig:
 
     ``scheduler`` decays the learning rate after the warmup over the stage's steps (``constant``: no decay).
     ``layout`` is the forward's layout (micro-batches of ``optim.micro_batch_tokens`` either way): ``packed``
-    (one row per micro-batch, varlen attention), ``padded`` (right-padded rows), or ``auto``: packed unless the
-    model has linear-attention layers.
+    (one row per micro-batch), ``padded`` (right-padded rows), or ``auto``: packed where the model's attention is
+    varlen (``model.attn_implementation`` auto, on CPU too) and it has no linear-attention layers.
     """
 
     enabled: bool = False

@@ -21,7 +21,7 @@ import torch
 
 from mcprl_env import ChatTokenizer, Environment
 from mcprl_policy import Layout, Policy
-from mcprl_policy.attention import check_packable, is_packable
+from mcprl_policy.attention import check_packable, is_packable, uses_varlen
 from mcprl_policy.supervised import target_logprobs
 from mcprl_train.config import OptimConfig, SFTConfig
 from mcprl_train.config.sections import SFTLayout
@@ -234,15 +234,16 @@ def _drop_spans(mask: list[int], weights: list[int]) -> list[int]:
 
 
 def sft_layout(requested: SFTLayout, policy: Policy) -> Layout:
-    """The layout of the warm start's forward: ``auto`` is ``packed`` unless the model cannot be packed.
+    """The layout of the warm start's forward: ``auto`` is ``packed`` where attention is varlen, else ``padded``.
 
-    Packed micro-batches (varlen attention: no padding) measured faster than length-sorted padded ones for
-    the demo's SFT step on CPU (benchmarks/RESULTS.md, "warm start speed (issue 17)"); models with
-    linear-attention layers cannot be packed (`mcprl_policy.attention.is_packable`).
+    Packed micro-batches with varlen attention (no padding) measured faster than length-sorted padded ones for
+    the demo's SFT step on CPU (benchmarks/RESULTS.md, "warm start speed (issue 17)"). Without a varlen kernel
+    (``sdpa``, ``eager``) a packed row attends through an ``N × N`` block-diagonal mask, and models with
+    linear-attention layers cannot be packed at all (`mcprl_policy.attention.is_packable`): both get padded.
     """
     match requested:
         case "auto":
-            return "packed" if is_packable(policy.model) else "padded"
+            return "packed" if is_packable(policy.model) and uses_varlen(policy.model) else "padded"
         case "packed":
             check_packable(policy.model)
             return "packed"
