@@ -29,6 +29,7 @@ __all__ = [
     "check_token_ids",
     "pack_sequences",
     "packed_forward",
+    "packed_hidden_states",
     "token_logprobs_and_entropy",
 ]
 
@@ -164,17 +165,10 @@ def packed_forward(
 
     ``vocab_limit`` restricts the distribution to ids ``[0, vocab_limit)`` (see `token_logprobs_and_entropy`).
     """
-    check_packable(model)
     device = next(model.parameters()).device
     batch = pack_sequences(sequences, device=device)
-    check_token_ids(model, batch.input_ids)
-    backbone, lm_head = backbone_and_head(model)
-    hidden = backbone(
-        input_ids=batch.input_ids,
-        position_ids=batch.position_ids,
-        use_cache=False,
-        **_boundaries(model, batch),
-    ).last_hidden_state[0]
+    hidden = packed_hidden_states(model, batch)
+    _, lm_head = backbone_and_head(model)
     n = hidden.shape[0]
     starts = batch.cu_seqlens[:-1].long()
     valid = torch.ones(n, dtype=torch.bool, device=device)
@@ -199,6 +193,24 @@ def packed_forward(
     return PackedForward(
         logprobs=logprobs, entropies=entropies, values=values, valid=valid, seq_lens=batch.seq_lens
     )
+
+
+def packed_hidden_states(model: nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """The backbone's last hidden states ``(N, H)`` of ``batch``, attention kept inside each sequence.
+
+    Raises:
+        UnpackableModelError: the model has linear-attention layers (`check_packable`).
+        ValueError: an id outside the model's vocabulary (`check_token_ids`).
+    """
+    check_packable(model)
+    check_token_ids(model, batch.input_ids)
+    backbone, _ = backbone_and_head(model)
+    return backbone(
+        input_ids=batch.input_ids,
+        position_ids=batch.position_ids,
+        use_cache=False,
+        **_boundaries(model, batch),
+    ).last_hidden_state[0]
 
 
 def _boundaries(model: nn.Module, batch: PackedBatch) -> dict[str, torch.Tensor | int]:

@@ -23,7 +23,7 @@ from torch import nn
 from mcprl_policy.packed import PackedForward, backbone_and_head, check_token_ids, token_logprobs_and_entropy
 from mcprl_policy.policy import Policy
 
-__all__ = ["Layout", "padded_forward", "policy_forward"]
+__all__ = ["Layout", "padded_forward", "padded_hidden_states", "policy_forward"]
 
 Layout = Literal["packed", "padded"]
 
@@ -88,17 +88,8 @@ def padded_forward(
     """
     device = next(model.parameters()).device
     lens = [len(s) for s in sequences]
-    if not lens or min(lens) == 0:
-        raise ValueError("padded_forward needs at least one sequence and no empty sequence")
-    width = max(lens)
-    ids = torch.full((len(lens), width), pad_token_id, dtype=torch.long, device=device)
-    attention = torch.zeros((len(lens), width), dtype=torch.long, device=device)
-    for row, seq in enumerate(sequences):
-        ids[row, : lens[row]] = torch.tensor(list(seq), dtype=torch.long, device=device)
-        attention[row, : lens[row]] = 1
-    check_token_ids(model, ids)
-    backbone, lm_head = backbone_and_head(model)
-    hidden = backbone(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+    ids, hidden = padded_hidden_states(model, sequences, pad_token_id=pad_token_id)
+    _, lm_head = backbone_and_head(model)
     # Row r, position t-1 predicts token t for 1 <= t < len_r.
     rows = torch.cat([torch.full((n - 1,), r, device=device) for r, n in enumerate(lens)])
     cols = torch.cat([torch.arange(1, n, device=device) for n in lens])
@@ -125,3 +116,26 @@ def padded_forward(
     return PackedForward(
         logprobs=logprobs, entropies=entropies, values=value_out, valid=valid, seq_lens=tuple(lens)
     )
+
+
+def padded_hidden_states(
+    model: nn.Module, sequences: Sequence[Sequence[int]], *, pad_token_id: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad ``sequences`` into ``(S, max len)`` ids and run the backbone: ``(ids, (S, max len, H) hidden)``.
+
+    Raises:
+        ValueError: no sequence, an empty one, or an id outside the model's vocabulary (`check_token_ids`).
+    """
+    device = next(model.parameters()).device
+    lens = [len(s) for s in sequences]
+    if not lens or min(lens) == 0:
+        raise ValueError("padded_forward needs at least one sequence and no empty sequence")
+    width = max(lens)
+    ids = torch.full((len(lens), width), pad_token_id, dtype=torch.long, device=device)
+    attention = torch.zeros((len(lens), width), dtype=torch.long, device=device)
+    for row, seq in enumerate(sequences):
+        ids[row, : lens[row]] = torch.tensor(list(seq), dtype=torch.long, device=device)
+        attention[row, : lens[row]] = 1
+    check_token_ids(model, ids)
+    backbone, _ = backbone_and_head(model)
+    return ids, backbone(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state

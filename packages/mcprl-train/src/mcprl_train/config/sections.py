@@ -237,6 +237,10 @@ class OptimConfig:
     logits_chunk_size: int = attrs.field(default=1024, validator=v.ge(1))
 
 
+SFTLayout = Literal["auto", "packed", "padded"]
+"""The warm start's forward layout: ``auto`` packs where attention is varlen (`warm_start.sft_layout`)."""
+
+
 @attrs.frozen(kw_only=True)
 class SFTConfig:
     """Optional supervised warm-up on scripted demonstrations before RL.
@@ -257,6 +261,10 @@ class SFTConfig:
 
     ``checkpoint_every`` saves a checkpoint every N SFT steps (0: only after the stage), so that a run killed
     during a long warm start resumes from there instead of starting over.
+    ``scheduler`` decays the learning rate after the warmup over the stage's steps (``constant``: no decay).
+    ``layout`` is the forward's layout (micro-batches of ``optim.micro_batch_tokens`` either way): ``packed``
+    (one row per micro-batch), ``padded`` (right-padded rows), or ``auto``: packed where the model's attention is
+    varlen (``model.attn_implementation`` auto, on CPU too) and it has no linear-attention layers.
     """
 
     enabled: bool = False
@@ -274,6 +282,8 @@ class SFTConfig:
     demos_path: str | None = attrs.field(default=None, validator=v.optional(v.min_len(1)))
     add_scripted: bool = False
     checkpoint_every: int = attrs.field(default=0, validator=v.ge(0))
+    layout: SFTLayout = "auto"
+    scheduler: Scheduler = "constant"
 
 
 @attrs.frozen(kw_only=True)

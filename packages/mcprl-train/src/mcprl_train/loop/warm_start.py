@@ -12,7 +12,7 @@ import random
 import re
 import time
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, assert_never
 
 import attrs
 import jinja2
@@ -20,13 +20,16 @@ import structlog
 import torch
 
 from mcprl_env import ChatTokenizer, Environment
-from mcprl_policy import Policy, policy_forward
+from mcprl_policy import Layout, Policy
+from mcprl_policy.attention import check_packable, is_packable, uses_varlen
+from mcprl_policy.supervised import target_logprobs
 from mcprl_train.config import OptimConfig, SFTConfig
+from mcprl_train.config.sections import SFTLayout
 from mcprl_train.errors import DemonstrationError
 from mcprl_train.loop.chat_mask import prefix_diff_targets
 from mcprl_train.loop.demo_file import Demonstration
 from mcprl_train.loop.learner import warmup_lambda
-from mcprl_train.loop.samples import pack_indices, without_first_token
+from mcprl_train.loop.samples import pack_indices
 from mcprl_train.loop.task_stream import IndexedTasks
 from mcprl_train.typed_torch import optimizer_step
 
@@ -43,6 +46,11 @@ class SFTExample:
     @property
     def num_targets(self) -> int:
         return sum(self.assistant_mask[1:])
+
+    @property
+    def targets(self) -> list[bool]:
+        """Per token: whether it is trained on (an assistant token with a prefix: never the first)."""
+        return [False, *(bool(m) for m in self.assistant_mask[1:])]
 
 
 def render_example(
@@ -225,12 +233,32 @@ def _drop_spans(mask: list[int], weights: list[int]) -> list[int]:
     return out
 
 
+def sft_layout(requested: SFTLayout, policy: Policy) -> Layout:
+    """The layout of the warm start's forward: ``auto`` is ``packed`` where attention is varlen, else ``padded``.
+
+    Packed micro-batches with varlen attention (no padding) measured faster than length-sorted padded ones for
+    the demo's SFT step on CPU (benchmarks/RESULTS.md, "warm start speed (issue 17)"). Without a varlen kernel
+    (``sdpa``, ``eager``) a packed row attends through an ``N × N`` block-diagonal mask, and models with
+    linear-attention layers cannot be packed at all (`mcprl_policy.attention.is_packable`): both get padded.
+    """
+    match requested:
+        case "auto":
+            return "packed" if is_packable(policy.model) and uses_varlen(policy.model) else "padded"
+        case "packed":
+            check_packable(policy.model)
+            return "packed"
+        case "padded":
+            return "padded"
+        case _:
+            assert_never(requested)
+
+
 class SFTStage:
     """Supervised fine-tuning with its own optimizer, schedule and metrics (`sft/*`).
 
     The value head is not trained here (there is no return to regress on); only the language model's
-    trainable parameters are. Hyperparameters come from ``sft`` (lr, batch size, warmup, clipping) and
-    ``optim`` (micro-batch packing and layout).
+    trainable parameters are. Hyperparameters come from ``sft`` (lr, batch size, warmup, clipping, the forward's
+    layout: `sft_layout`) and ``optim`` (micro-batch packing).
     """
 
     def __init__(
@@ -251,8 +279,9 @@ class SFTStage:
         params = [p for p in policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=0.0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, warmup_lambda(sft.warmup_steps, 1, "constant")
+            self.optimizer, warmup_lambda(sft.warmup_steps, self.total_steps, sft.scheduler)
         )
+        self.layout: Layout = sft_layout(sft.layout, policy)
         self.rng = random.Random(seed)
         self.order: list[int] = []
         self.step = 0
@@ -276,7 +305,11 @@ class SFTStage:
         return batch
 
     def train_step(self) -> dict[str, float]:
-        """One optimizer step over `batch_size` demonstrations (packed micro-batches, token-mean loss)."""
+        """One optimizer step over `batch_size` demonstrations (packed micro-batches, token-mean loss).
+
+        The forward is `mcprl_policy.supervised.target_logprobs`: only the assistant tokens reach the output
+        head, no entropy is computed and their logits are not recomputed in backward.
+        """
         t0 = time.perf_counter()
         batch = self.next_batch()
         total = max(1, sum(e.num_targets for e in batch))
@@ -285,23 +318,14 @@ class SFTStage:
         correct = 0.0
         for b in pack_indices([len(e.token_ids) for e in batch], self.optim.micro_batch_tokens):
             items = [batch[i] for i in b]
-            with self.policy.autocast():
-                out = policy_forward(
-                    self.policy,
-                    [e.token_ids for e in items],
-                    temperature=1.0,
-                    values=False,
-                    layout=self.optim.layout,
-                )
-            mask = torch.cat(
-                [without_first_token(torch.tensor(e.assistant_mask, dtype=torch.float32)) for e in items]
+            lp = target_logprobs(
+                self.policy, [e.token_ids for e in items], [e.targets for e in items], layout=self.layout
             )
-            lp = out.logprobs.float()
-            loss = -(lp * mask).sum() / total
+            loss = -lp.sum() / total
             torch.autograd.backward(loss)
             loss_sum += float(loss.detach()) * total
             # A target is "right" when the model gives it > 1/2 probability (then it is also its argmax).
-            correct += float(((lp > math.log(0.5)).float() * mask).sum())
+            correct += float((lp.detach() > math.log(0.5)).sum())
         norm = float(
             torch.nn.utils.clip_grad_norm_(
                 [p for g in self.optimizer.param_groups for p in g["params"]], self.config.max_grad_norm

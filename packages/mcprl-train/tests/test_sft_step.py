@@ -1,0 +1,86 @@
+"""The warm start's optimizer step: the gradient of the token-mean NLL of the assistant tokens, on either layout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from mcprl_policy import Policy, policy_forward
+from mcprl_train.config import OptimConfig, SFTConfig
+from mcprl_train.config.sections import SFTLayout
+from mcprl_train.loop.warm_start import SFTExample, SFTStage, sft_layout
+
+LENGTHS = (9, 23, 4, 17, 30, 12)
+
+
+def _examples(policy: Policy) -> list[SFTExample]:
+    config: Any = policy.model.config
+    g = torch.Generator().manual_seed(0)
+    out: list[SFTExample] = []
+    for n in LENGTHS:
+        ids: list[int] = [int(t) for t in torch.randint(10, int(config.vocab_size), (n,), generator=g)]
+        start = int(torch.randint(1, n - 1, (), generator=g))
+        out.append(SFTExample(token_ids=ids, assistant_mask=[int(i >= start) for i in range(n)]))
+    return out
+
+
+def _reference(policy: Policy, examples: list[SFTExample]) -> tuple[float, float, list[torch.Tensor]]:
+    """Loss, token accuracy and gradient from the RL forward's logprobs at every position, masked by hand."""
+    out = policy_forward(
+        policy, [e.token_ids for e in examples], temperature=1.0, values=False, layout="padded"
+    )
+    mask = torch.tensor([float(m) * (i > 0) for e in examples for i, m in enumerate(e.assistant_mask)])
+    total = mask.sum()
+    loss = -(out.logprobs * mask).sum() / total
+    acc = float(((out.logprobs > torch.log(torch.tensor(0.5))).float() * mask).sum() / total)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    return float(loss), acc, list(torch.autograd.grad(loss, params))
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_an_sft_step_takes_the_gradient_of_the_token_mean_nll_of_the_assistant_tokens(
+    layout: SFTLayout,
+) -> None:
+    reference = Policy.from_pretrained("tiny")
+    policy = Policy.from_pretrained("tiny")
+    examples = _examples(policy)
+    expected_loss, expected_acc, expected_grads = _reference(reference, examples)
+    stage = SFTStage(
+        policy=policy,
+        sft=SFTConfig(enabled=True, batch_size=len(examples), lr=1e-3, max_grad_norm=1e9, layout=layout),
+        optim=OptimConfig(micro_batch_tokens=40),  # several micro-batches: gradient accumulation
+        examples=examples,
+        seed=0,
+    )
+    metrics = stage.train_step()
+    assert metrics["sft/loss"] == pytest.approx(expected_loss, rel=1e-5)
+    assert metrics["sft/token_acc"] == pytest.approx(expected_acc)
+    assert metrics["sft/tokens"] == sum(e.num_targets for e in examples)
+    grads = [p.grad for p in policy.model.parameters() if p.requires_grad]
+    for got, want in zip(grads, expected_grads, strict=True):
+        assert got is not None
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-4)
+
+
+def test_auto_layout_packs_only_where_attention_is_varlen() -> None:
+    policy = Policy.from_pretrained("tiny")  # attn_implementation auto: mcprl_varlen_sdpa on CPU
+    assert sft_layout("auto", policy) == "packed"
+    assert sft_layout("padded", policy) == "padded"
+    # plain SDPA would attend through an N x N block-diagonal mask over a packed row
+    assert sft_layout("auto", Policy.from_pretrained("tiny", attn_implementation="sdpa")) == "padded"
+
+
+def test_the_sft_schedule_decays_the_learning_rate_over_the_stage() -> None:
+    policy = Policy.from_pretrained("tiny")
+    examples = _examples(policy)
+    stage = SFTStage(
+        policy=policy,
+        sft=SFTConfig(enabled=True, steps=4, batch_size=2, lr=1e-3, scheduler="linear"),
+        optim=OptimConfig(),
+        examples=examples,
+        seed=0,
+    )
+    lrs = [stage.train_step()["sft/lr"] for _ in range(4)]
+    assert lrs == pytest.approx([7.5e-4, 5e-4, 2.5e-4, 0.0])
