@@ -352,9 +352,11 @@ class DecodeEngine:
         else:
             probs = _truncated_probs(scores / p.temperature, top_k=p.top_k, top_p=p.top_p)
             tokens = self._draw(probs, rows)
-        chosen = logp.gather(-1, tokens[:, None]).squeeze(-1).tolist()
-        for request, token, lp in zip(rows, tokens.tolist(), chosen, strict=True):
-            request.token_ids.append(token)
+        chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
+        # One device-to-host copy for both: float64 holds every id and every float32 logprob exactly.
+        ids, logprobs = torch.stack([tokens.double(), chosen.double()]).tolist()
+        for request, token, lp in zip(rows, ids, logprobs, strict=True):
+            request.token_ids.append(int(token))
             request.logprobs.append(lp)
         if seen is not None:
             seen.scatter_(1, tokens[:, None], True)

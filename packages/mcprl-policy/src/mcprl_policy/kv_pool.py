@@ -5,7 +5,7 @@ decode step writes each row's new key and value into the next column in place (`
 into the model's forward as a transformers ``Cache``), so nothing is concatenated per step. Rows live in slots
 ``[0, rows)`` in the engine's row order: an admitted row is written into the next free slot (the running rows
 are not touched), a finished row's slot is closed up by moving the rows after it down one (the rows before it
-stay), and buffers grow by doubling when rows or columns run out.
+stay), and buffers are reallocated when rows (doubling) or columns (the window plus a little headroom) run out.
 
 The columns keep the layout of the concatenating engine (`mcprl_policy.batch_cache.ConcatCache`) exactly:
 every row's last token sits in the same column (``end - 1``), shorter rows are masked on the left, the
@@ -33,6 +33,7 @@ from mcprl_policy.errors import SamplerError
 __all__ = ["KVPool", "PoolLayer"]
 
 _MIN_COLUMNS: Final = 64
+_HEADROOM: Final = 32
 
 
 class PoolLayer(CacheLayerMixin):
@@ -201,7 +202,7 @@ class KVPool:
 
     def _reallocate(self, *, rows: int, window: int) -> None:
         """Move the running rows' window ``[end - window, end)`` to the start of buffers sized for ``rows``
-        slots and ``2 * window`` columns (or more)."""
+        slots and ``window`` columns plus headroom."""
         old_keys, old_values, old_mask = self._keys, self._values, self._mask
         old_end = self.end
         self._allocate(old_keys[0], rows=rows, columns=_columns(window))
@@ -226,4 +227,7 @@ def _power_of_two(n: int) -> int:
 
 
 def _columns(window: int) -> int:
-    return max(_MIN_COLUMNS, _power_of_two(2 * window))
+    # A little headroom, not doubling: attention over a window strided out of wider rows is slower on CPU
+    # (+35 % at 220 of 512 columns, +9 % of 256; benchmarks/RESULTS.md), and moving the window costs one
+    # copy of it per `_HEADROOM` steps.
+    return max(_MIN_COLUMNS, window + _HEADROOM)
