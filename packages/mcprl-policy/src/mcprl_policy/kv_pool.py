@@ -136,11 +136,11 @@ class KVPool:
         if not self._keys:
             self._layers = len(layers)
             self._cache = Cache(layers=[PoolLayer(self, i) for i in range(self._layers)])
-            self._allocate(layers[0][0], rows=n, columns=_columns(width))
+            self._allocate(layers[0][0], rows=n, columns=_columns(width + _HEADROOM))
         if len(layers) != self._layers:
             raise SamplerError(f"a cache of {len(layers)} layers merged into a pool of {self._layers}")
-        if not self.rows and width < self._mask.shape[1]:
-            self.end = self.start = width
+        if not self.rows and width + _HEADROOM < self._mask.shape[1]:
+            self.end = self.start = width + _HEADROOM
         slots = self._keys[0].shape[0]
         window = max(self.width if self.rows else 0, width)
         if self.rows + n > slots or window > self.end:
@@ -202,17 +202,19 @@ class KVPool:
 
     def _reallocate(self, *, rows: int, window: int) -> None:
         """Move the running rows' window ``[end - window, end)`` to the start of buffers sized for ``rows``
-        slots and ``window`` columns plus headroom."""
+        slots and ``window`` columns plus headroom on both sides."""
         old_keys, old_values, old_mask = self._keys, self._values, self._mask
         old_end = self.end
-        self._allocate(old_keys[0], rows=rows, columns=_columns(window))
+        # Headroom on the left too: a joining row up to `_HEADROOM` columns longer than the window fits.
+        end = window + _HEADROOM
+        self._allocate(old_keys[0], rows=rows, columns=_columns(end))
         n, columns = self.rows, min(window, old_end)
         for old, new in zip((*old_keys, *old_values), (*self._keys, *self._values), strict=True):
-            new[:n, :, window - columns : window] = old[:n, :, old_end - columns : old_end]
-        self._mask[:n, window - columns : window] = old_mask[:n, old_end - columns : old_end]
-        shift = window - old_end
+            new[:n, :, end - columns : end] = old[:n, :, old_end - columns : old_end]
+        self._mask[:n, end - columns : end] = old_mask[:n, old_end - columns : old_end]
+        shift = end - old_end
         self._first = [f + shift for f in self._first]
-        self.end = window
+        self.end = end
         self.start += shift
 
 
