@@ -165,12 +165,13 @@ class KVPool:
         n = len(keep)
         moved = next((i for i, row in enumerate(keep) if row != i), n)
         if moved < n:
-            device = self._mask.device
-            src = torch.tensor(keep[moved:], device=device)
-            dst = torch.arange(moved, n, device=device)
+            # A gather into a temporary and a copy into the contiguous destination slice: far cheaper on CPU
+            # than an advanced-index assignment (index_put_).
+            src = torch.tensor(keep[moved:], device=self._mask.device)
+            window = slice(self.start, self.end)
             for buffer in (*self._keys, *self._values):
-                buffer[dst, :, self.start : self.end] = buffer[src, :, self.start : self.end]
-            self._mask[dst] = self._mask[src]
+                buffer[moved:n, :, window] = buffer[:, :, window].index_select(0, src)
+            self._mask[moved:n] = self._mask.index_select(0, src)
         self._first = [self._first[i] for i in keep]
         self._gap = [self._gap[i] for i in keep]
         self.rows = n
