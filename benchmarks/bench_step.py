@@ -373,6 +373,61 @@ def decode_anatomy(model: torch.nn.Module, rows: int, length: int) -> list[str]:
     ]
 
 
+def layout_cost(model: torch.nn.Module, rows: int, length: int, *, steps: int = 20) -> str:
+    """Thread CPU of one engine decode step (`RunningCache.step`: mask, forward, cache write) with the
+    concatenated ``DynamicCache`` and with the preallocated `KVPool`, ``rows`` ragged rows (row ``i`` has
+    ``length - i % 32`` tokens, left-padded) decoding ``steps`` steps from ``length``; best of 5, one thread."""
+    from transformers import DynamicCache
+
+    from mcprl_policy.batch_cache import ConcatCache, RunningCache
+    from mcprl_policy.kv_pool import KVPool
+
+    pads = [i % 32 for i in range(rows)]
+    ids = torch.randint(5, 200, (rows, length))
+    mask = torch.tensor([[0] * p + [1] * (length - p) for p in pads])
+    start = mask.sum(-1)
+
+    def forward(**kwargs: Any) -> Any:
+        return model(**kwargs, use_cache=True, logits_to_keep=1)
+
+    def fresh(layout: RunningCache) -> RunningCache:
+        cache = DynamicCache(config=getattr(model, "config", None))
+        forward(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            past_key_values=cache,
+        )
+        layout.merge(cache, mask)
+        return layout
+
+    best = {"concat": float("inf"), "pool": float("inf")}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            for _ in range(5):
+                for name in best:
+                    running = fresh(
+                        ConcatCache(ids.device)
+                        if name == "concat"
+                        else KVPool(max_rows=rows, device=ids.device)
+                    )
+                    last, positions = ids[:, -1], start
+                    t = time.thread_time()
+                    for _ in range(steps):
+                        last = running.step(forward, last, positions).argmax(-1)
+                        positions = positions + 1
+                    best[name] = min(best[name], (time.thread_time() - t) / steps)
+    finally:
+        torch.set_num_threads(threads)
+    concat, pool = best["concat"] * 1e3, best["pool"] * 1e3
+    return (
+        f"engine decode step, {rows} ragged rows x {length} cached tokens, one thread (thread CPU, best of 5 x "
+        f"{steps} steps): {concat:.2f} ms concatenated DynamicCache, {pool:.2f} ms KV pool ({concat / pool:.2f}x)"
+    )
+
+
 def draw_cost(engine: DecodeEngine, rows: int, vocab: int) -> str:
     """Thread CPU of drawing one token for ``rows`` seeded rows: the engine's batched race vs one
     ``torch.multinomial`` per row (the engine's earlier way; the same tokens, `test_seeded_draws.py`)."""
@@ -555,6 +610,7 @@ def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: st
     mean_len = mean(lambda r: r.metrics["perf/tokens_per_s"] * r.metrics["perf/step_s"]) / episodes
     lines += ["", *decode_anatomy(model, round(rows_decode), max(16, round(mean_len)))]
     lines.append(f"(cache length: the mean episode's tokens, {mean_len:.0f})")
+    lines.append(layout_cost(model, round(rows_decode), max(40, round(mean_len))))
     sampler = trainer.sampler
     if isinstance(sampler, HFSampler):
         config: Any = model.config

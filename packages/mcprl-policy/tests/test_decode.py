@@ -19,11 +19,15 @@ import torch
 from torch.overrides import TorchFunctionMode
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import mcprl_policy.batch_cache
 import mcprl_policy.decode
+import mcprl_policy.kv_pool
 from mcprl_policy import SamplingParams
+from mcprl_policy.batch_cache import KVLayout
 from mcprl_policy.decode import DecodeEngine, DecodeRequest, end_of_turn_ids
 
 _FACTORIES = {torch.tensor, torch.zeros, torch.ones, torch.full, torch.arange, torch.empty}
+_ENGINE_FILES = {m.__file__ for m in (mcprl_policy.decode, mcprl_policy.kv_pool, mcprl_policy.batch_cache)}
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +35,7 @@ def model_and_tokenizer(tiny_dir: Path) -> tuple[Any, Any]:
     return AutoModelForCausalLM.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
 
 
-def _engine(model: Any, tokenizer: Any, params: SamplingParams) -> DecodeEngine:
+def _engine(model: Any, tokenizer: Any, params: SamplingParams, kv_layout: KVLayout = "auto") -> DecodeEngine:
     return DecodeEngine(
         model,
         params=params,
@@ -40,6 +44,7 @@ def _engine(model: Any, tokenizer: Any, params: SamplingParams) -> DecodeEngine:
         max_batch_size=8,
         decode=lambda ids: tokenizer.decode(ids),
         prefix_cache_bytes=2**26,
+        kv_layout=kv_layout,
     )
 
 
@@ -118,7 +123,8 @@ def test_every_draw_uses_a_generator_made_for_the_probabilities_device(
 
 
 class _FactoryDevices(TorchFunctionMode):
-    """Records ``(factory, device=)`` of every tensor factory called from mcprl_policy/decode.py."""
+    """Records ``(factory, device=)`` of every tensor factory called from the engine's modules (decode.py and
+    the running rows' caches, kv_pool.py and batch_cache.py)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -128,18 +134,20 @@ class _FactoryDevices(TorchFunctionMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        if func in _FACTORIES and sys._getframe(1).f_code.co_filename == mcprl_policy.decode.__file__:
+        if func in _FACTORIES and sys._getframe(1).f_code.co_filename in _ENGINE_FILES:
             device = kwargs.get("device")
             self.calls.append((func.__name__, None if device is None else torch.device(device)))
         return func(*args, **kwargs)
 
 
+@pytest.mark.parametrize("kv_layout", ["pool", "concat"])
 @pytest.mark.parametrize("params", [SamplingParams(temperature=0.0), SamplingParams(repetition_penalty=1.3)])
 def test_every_tensor_the_engine_builds_is_made_on_the_models_device(
-    model_and_tokenizer: tuple[Any, Any], params: SamplingParams
+    model_and_tokenizer: tuple[Any, Any], params: SamplingParams, kv_layout: KVLayout
 ) -> None:
     model, tokenizer = model_and_tokenizer
-    engine = _engine(model, tokenizer, params)
+    engine = _engine(model, tokenizer, params, kv_layout)
+    assert engine.stats.kv_layout == kv_layout
     device = next(model.parameters()).device
     with _FactoryDevices() as mode:
         _run_two_turns(engine, tokenizer)

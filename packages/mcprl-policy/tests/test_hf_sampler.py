@@ -99,6 +99,7 @@ def test_concurrent_requests_share_forward_passes(policy: Policy) -> None:
     # one request at a time would need 32 prefills and 32 * 15 decode passes
     assert stats.decode_calls < 4 * 16
     assert all(c.finish_reason in ("stop", "length") for c in completions)
+    assert sampler.metrics()["sampler/kv_pool"] == 1.0  # the tiny model is full attention: the pool
 
 
 def test_batched_greedy_equals_one_at_a_time_greedy(policy: Policy) -> None:

@@ -1,9 +1,11 @@
 """A continuous-batching KV-cache decode loop with exact per-token sampling logprobs.
 
-`DecodeEngine` owns the rows being generated: left-padded token rows sharing one ``DynamicCache``. Each call
+`DecodeEngine` owns the rows being generated: left-padded token rows sharing one running cache
+(`mcprl_policy.batch_cache`: the preallocated `mcprl_policy.kv_pool.KVPool` when every layer is full
+attention, a concatenated ``DynamicCache`` otherwise). Each call
 of `DecodeEngine.run_until_finished` (run in a worker thread) advances every row one token per step, admits
-waiting requests between steps (their prompts are prefilled as one batch and their cache rows left-padded
-into the running cache), drops finished or cancelled rows, and returns as soon as at least one request has
+waiting requests between steps (their prompts are prefilled as one batch and their cache rows written into
+the running cache, aligned on their last token), drops finished or cancelled rows, and returns as soon as at least one request has
 finished, so the async side can hand results out while generation of the others continues. With a prefix
 cache (`mcprl_policy.prefix_cache`), a prompt that extends an earlier request's prompt and completion (the
 next turn of an episode) prefills only its new tokens. Full-attention and linear-attention (Qwen3.5) layers
@@ -15,30 +17,28 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, assert_never
 
 import attrs
+import structlog
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
-from mcprl_policy.cache_rows import (
-    cache_from_rows,
-    check_supported,
-    concat_rows,
-    has_recurrent_layers,
-    pad_left,
-    row_state,
-    select_rows,
-)
+from mcprl_policy.batch_cache import ConcatCache, KVLayout, ResolvedLayout, RunningCache
+from mcprl_policy.cache_rows import cache_from_rows, check_supported, has_recurrent_layers
 from mcprl_policy.config import SamplingParams
+from mcprl_policy.errors import SamplerError
 from mcprl_policy.fingerprint import weights_fingerprint
+from mcprl_policy.kv_pool import KVPool
 from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache
 
 __all__ = ["DecodeEngine", "DecodeRequest", "DecodeStats", "end_of_turn_ids"]
 
 from mcprl_policy.completion import FinishReason
+
+_log = structlog.get_logger()
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -63,8 +63,9 @@ class DecodeRequest:
 
 @attrs.define(kw_only=True)
 class DecodeStats:
-    """Counters of the engine's forward passes."""
+    """Counters of the engine's forward passes, and the running rows' cache layout (``pool`` or ``concat``)."""
 
+    kv_layout: str = ""
     prefill_calls: int = 0
     decode_calls: int = 0
     prefill_rows: int = 0
@@ -90,9 +91,12 @@ class DecodeEngine:
         vocab_limit: ids ``>= vocab_limit`` are never sampled and the reported logprobs are normalised over
             ``[0, vocab_limit)`` (`Policy.vocab_limit`: the ids the tokenizer can decode); ``None``: every
             row of the output embedding.
+        kv_layout: the running rows' cache (`mcprl_policy.batch_cache`): ``auto`` takes the preallocated pool
+            when every layer is full attention and the concatenated ``DynamicCache`` otherwise.
 
     Raises:
-        SamplerError: the model's cache has layers the engine cannot batch (sliding window, ...).
+        SamplerError: the model's cache has layers the engine cannot batch (sliding window, ...), or
+            ``kv_layout="pool"`` for a model with linear-attention layers.
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class DecodeEngine:
         decode: Callable[[list[int]], str],
         prefix_cache_bytes: int = 0,
         vocab_limit: int | None = None,
+        kv_layout: KVLayout = "auto",
     ) -> None:
         if vocab_limit is not None and vocab_limit < 1:
             raise ValueError(f"vocab_limit must be >= 1, got {vocab_limit}")
@@ -114,6 +119,7 @@ class DecodeEngine:
         # A recurrent state resumes only right after its last token: cached prefixes are never padded apart
         # from their continuations, so continuations of different lengths prefill separately.
         self._recurrent = has_recurrent_layers(model)
+        self.kv_layout: ResolvedLayout = _resolve_layout(kv_layout, recurrent=self._recurrent)
         self.vocab_limit = vocab_limit
         self.prefix = PrefixCache(prefix_cache_bytes)
         self.params = params
@@ -122,18 +128,27 @@ class DecodeEngine:
         self.max_batch_size = max_batch_size
         self.decode = decode
         self.pending: deque[DecodeRequest] = deque()
-        self.stats = DecodeStats()
+        self.stats = DecodeStats(kv_layout=self.kv_layout)
         # One generator per device sampled on: torch.multinomial needs its generator on the probabilities'
         # device, and the model may move after the engine is built.
         self._generators: dict[torch.device, torch.Generator] = {}
         self._stop_window = max((len(s) for s in params.stop), default=0) + 8
+        _log.info("decode_kv_layout", requested=kv_layout, chosen=self.kv_layout, max_rows=max_batch_size)
         self._reset()
+
+    def _new_cache(self, device: torch.device) -> RunningCache:
+        match self.kv_layout:
+            case "pool":
+                return KVPool(max_rows=self.max_batch_size, device=device)
+            case "concat":
+                return ConcatCache(device)
+            case unreachable:
+                assert_never(unreachable)
 
     def _reset(self) -> None:
         device = self.device
         self._rows: list[DecodeRequest] = []
-        self._cache: Any = None
-        self._mask = torch.zeros(0, 0, dtype=torch.long, device=device)
+        self._cache = self._new_cache(device)
         self._positions = torch.zeros(0, dtype=torch.long, device=device)
         self._last = torch.zeros(0, dtype=torch.long, device=device)
         self._seen: torch.Tensor | None = None
@@ -309,19 +324,12 @@ class DecodeEngine:
         )
 
     def _decode_step(self, device: torch.device) -> list[DecodeRequest]:
-        ones = torch.ones(len(self._rows), 1, dtype=torch.long, device=device)
-        self._mask = torch.cat([self._mask, ones], dim=1)
-        out = self._forward(
-            input_ids=self._last[:, None],
-            attention_mask=self._mask,
-            position_ids=self._positions[:, None],
-            past_key_values=self._cache,
-        )
+        del device
+        logits = self._cache.step(self._forward, self._last, self._positions)
         self.stats.decode_calls += 1
         self.stats.decode_rows += len(self._rows)
         self._positions = self._positions + 1
-        self._cache = out.past_key_values
-        self._last = self._choose(out.logits[:, -1], self._rows, self._seen)
+        self._last = self._choose(logits, self._rows, self._seen)
         return self._finish_rows()
 
     def _choose(
@@ -344,9 +352,11 @@ class DecodeEngine:
         else:
             probs = _truncated_probs(scores / p.temperature, top_k=p.top_k, top_p=p.top_p)
             tokens = self._draw(probs, rows)
-        chosen = logp.gather(-1, tokens[:, None]).squeeze(-1).tolist()
-        for request, token, lp in zip(rows, tokens.tolist(), chosen, strict=True):
-            request.token_ids.append(token)
+        chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
+        # One device-to-host copy for both: float64 holds every id and every float32 logprob exactly.
+        ids, logprobs = torch.stack([tokens.double(), chosen.double()]).tolist()
+        for request, token, lp in zip(rows, ids, logprobs, strict=True):
+            request.token_ids.append(int(token))
             request.logprobs.append(lp)
         if seen is not None:
             seen.scatter_(1, tokens[:, None], True)
@@ -402,11 +412,7 @@ class DecodeEngine:
             if request.finish_reason is None:
                 continue
             consumed = [*request.prompt_ids, *request.token_ids[:-1]]
-            columns = self._mask[i].nonzero().squeeze(-1)
-            self.prefix.put(
-                consumed,
-                CachedPrefix(layers=row_state(self._cache, i, columns), length=len(consumed)),
-            )
+            self.prefix.put(consumed, CachedPrefix(layers=self._cache.row_state(i), length=len(consumed)))
 
     def _hit_stop_string(self, request: DecodeRequest) -> bool:
         if not self.params.stop:
@@ -421,26 +427,20 @@ class DecodeEngine:
         if not keep:
             self._reset()
             return
-        index = torch.tensor(keep, dtype=torch.long, device=self._mask.device)
+        index = torch.tensor(keep, dtype=torch.long, device=self._positions.device)
         self._rows = [self._rows[i] for i in keep]
-        self._mask = self._mask[index]
         self._positions = self._positions[index]
         self._last = self._last[index]
         if self._seen is not None:
             self._seen = self._seen[index]
-        # Columns that are padding in every remaining row are dead weight: trim them.
-        first = int(self._mask.any(0).nonzero()[0])
-        self._mask = self._mask[:, first:]
-        select_rows(self._cache, index, first_column=first)
+        self._cache.drop(keep)
 
     def _merge(self, other: _State) -> None:
+        self._cache.merge(other.cache, other.mask)
         if not self._rows:
-            self._rows, self._cache, self._mask = other.rows, other.cache, other.mask
+            self._rows = other.rows
             self._positions, self._last, self._seen = other.positions, other.last, other.seen
         else:
-            width = max(self._mask.shape[1], other.mask.shape[1])
-            self._mask = torch.cat([pad_left(self._mask, width), pad_left(other.mask, width)])
-            concat_rows(self._cache, other.cache, width=width)
             self._rows = [*self._rows, *other.rows]
             self._positions = torch.cat([self._positions, other.positions])
             self._last = torch.cat([self._last, other.last])
@@ -452,11 +452,28 @@ class DecodeEngine:
 @attrs.define(kw_only=True)
 class _State:
     rows: list[DecodeRequest]
-    cache: Any
+    cache: DynamicCache
     mask: torch.Tensor
     positions: torch.Tensor
     last: torch.Tensor
     seen: torch.Tensor | None
+
+
+def _resolve_layout(requested: KVLayout, *, recurrent: bool) -> ResolvedLayout:
+    match requested:
+        case "auto":
+            return "concat" if recurrent else "pool"
+        case "pool":
+            if recurrent:
+                raise SamplerError(
+                    "kv_layout='pool' holds full-attention layers only; this model has linear-attention layers "
+                    "(use kv_layout='auto' or 'concat')"
+                )
+            return "pool"
+        case "concat":
+            return "concat"
+        case unreachable:
+            assert_never(unreachable)
 
 
 def _truncated_probs(scores: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:

@@ -89,7 +89,8 @@ class HFSampler:
         return False
 
     def metrics(self) -> dict[str, float]:
-        """Counters of the decode engine (forward passes, rows per pass, prefill tokens)."""
+        """Counters of the decode engine (forward passes, rows per pass, prefill tokens), and
+        ``sampler/kv_pool``: 1 when the running rows' cache is the preallocated pool, 0 when concatenated."""
         s = self.engine.stats
         return {
             "sampler/prefill_calls": float(s.prefill_calls),
@@ -100,6 +101,7 @@ class HFSampler:
             "sampler/max_rows": float(s.max_rows),
             "sampler/prefix_hits": float(s.prefix_hits),
             "sampler/prefix_reused_tokens": float(s.prefix_tokens),
+            "sampler/kv_pool": float(s.kv_layout == "pool"),
         }
 
     async def sample(

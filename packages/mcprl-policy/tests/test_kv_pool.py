@@ -1,0 +1,288 @@
+"""The preallocated KV pool against the concatenating cache: the same workload gives the same bits.
+
+Both layouts run through the same `DecodeEngine` code; only the running rows' cache differs. The models are
+real: the embedded ``tiny-8h`` (the demo's Qwen3 shape: 8 heads and 8 KV heads of 16 dims, q_norm/k_norm)
+and a seeded random-weight Qwen3 stand-in with grouped-query attention (4 heads over 2 KV heads), both with the
+embedded tokenizer and its chat template. The workload mixes everything the engine does between steps: rows
+joining a running batch and leaving it at different steps, slots reused, buffers growing (more rows, more
+columns), next turns resuming cached prefixes, stop strings, repetition penalty, greedy, seeded and unseeded
+sampling. Tokens, logprobs and finish reasons must be equal (logprobs bit for bit, not within a tolerance).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.cache_utils import DynamicLayer
+
+from mcprl_policy import SamplerError, SamplingParams, build_tiny_model
+from mcprl_policy.batch_cache import ConcatCache, KVLayout
+from mcprl_policy.cache_rows import AttentionRow
+from mcprl_policy.decode import DecodeEngine, DecodeRequest, end_of_turn_ids
+from mcprl_policy.kv_pool import KVPool
+from mcprl_policy.standin import standin_model
+
+Model = tuple[PreTrainedModel, PreTrainedTokenizerBase]
+
+
+@pytest.fixture(scope="module")
+def tiny_8h(tmp_path_factory: pytest.TempPathFactory) -> Model:
+    directory = build_tiny_model("tiny-8h", cache_dir=tmp_path_factory.mktemp("models"))
+    return AutoModelForCausalLM.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def qwen3_gqa(tiny_dir: Path) -> Model:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    model = standin_model(
+        "qwen3",
+        vocab_size=len(tokenizer),
+        eos_token_id=int(tokenizer.convert_tokens_to_ids("<|im_end|>")),
+        pad_token_id=int(tokenizer.pad_token_id),
+        initializer_range=0.2,
+    )
+    assert model.config.num_key_value_heads < model.config.num_attention_heads
+    return model.eval(), tokenizer
+
+
+def _engine(
+    model: Model, params: SamplingParams, kv_layout: KVLayout, *, max_batch_size: int = 5
+) -> DecodeEngine:
+    lm, tokenizer = model
+    return DecodeEngine(
+        lm,
+        params=params,
+        stop_token_ids=end_of_turn_ids(tokenizer, lm),
+        pad_token_id=int(tokenizer.pad_token_id),  # pyright: ignore[reportArgumentType]
+        max_batch_size=max_batch_size,
+        decode=lambda ids: str(tokenizer.decode(ids)),
+        prefix_cache_bytes=2**26,
+        kv_layout=kv_layout,
+    )
+
+
+def _prompt(tokenizer: PreTrainedTokenizerBase, i: int) -> list[int]:
+    ids: Any = tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"What is {i} times the price of ACME?" + " Please." * (i % 5)}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    return [int(t) for t in ids]
+
+
+def _tool_turn(tokenizer: PreTrainedTokenizerBase, i: int) -> list[int]:
+    ids: Any = tokenizer.apply_chat_template(
+        [{"role": "tool", "content": f'{{"price": {i}.5}}' * (1 + i % 3)}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    return [int(t) for t in ids]
+
+
+def _drain(engine: DecodeEngine, requests: list[DecodeRequest], *, waves: int) -> None:
+    """Queue ``requests`` in ``waves`` parts, one engine call between parts: later ones join a running batch."""
+    size = -(-len(requests) // waves)
+    for start in range(0, len(requests), size):
+        engine.pending.extend(requests[start : start + size])
+        engine.run_until_finished()
+    while not engine.idle:
+        engine.run_until_finished()
+
+
+def _workload(
+    engine: DecodeEngine, tokenizer: PreTrainedTokenizerBase, *, seeded: bool
+) -> list[DecodeRequest]:
+    """Twelve first turns (2-30 new tokens), then a next turn for each (prefix-cache hits), staggered."""
+    first = [
+        DecodeRequest(
+            prompt_ids=_prompt(tokenizer, i),
+            max_new_tokens=(2, 9, 30, 5, 17, 3, 24, 11, 7, 20, 4, 13)[i],
+            seed=1000 + i if seeded and i % 3 else None,
+        )
+        for i in range(12)
+    ]
+    _drain(engine, first, waves=4)
+    second = [
+        DecodeRequest(
+            prompt_ids=[*r.prompt_ids, *r.token_ids, *_tool_turn(tokenizer, i)],
+            max_new_tokens=3 + (7 * i) % 19,
+            seed=2000 + i if seeded and i % 2 else None,
+        )
+        for i, r in enumerate(first)
+    ]
+    _drain(engine, second[::-1], waves=3)
+    return first + second
+
+
+_PARAMS = {
+    # The untrained tiny-8h's greedy choice is a newline, penalised or not: six of them are the stop string.
+    "greedy, penalty, stop string": (
+        SamplingParams(temperature=0.0, repetition_penalty=1.3, stop=("\n" * 6,)),
+        False,
+    ),
+    "sampled, seeded and not": (SamplingParams(temperature=1.0, top_p=0.95, top_k=50, seed=7), True),
+    "sampled, penalty, stop string": (
+        SamplingParams(temperature=0.8, repetition_penalty=1.2, stop=("e",), seed=3),
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("model_name", "case"),
+    [("tiny_8h", case) for case in _PARAMS] + [("qwen3_gqa", "sampled, penalty, stop string")],
+)
+def test_the_pool_gives_the_concatenating_caches_tokens_and_logprobs_bit_for_bit(
+    model_name: str, case: str, request: pytest.FixtureRequest
+) -> None:
+    model: Model = request.getfixturevalue(model_name)
+    params, seeded = _PARAMS[case]
+    runs: dict[str, list[DecodeRequest]] = {}
+    engines: dict[str, DecodeEngine] = {}
+    for layout in ("concat", "pool"):
+        torch.manual_seed(0)
+        engines[layout] = _engine(model, params, layout)
+        runs[layout] = _workload(engines[layout], model[1], seeded=seeded)
+    for old, new in zip(runs["concat"], runs["pool"], strict=True):
+        assert new.token_ids == old.token_ids
+        assert new.logprobs == old.logprobs
+        assert new.finish_reason == old.finish_reason
+    stats = engines["pool"].stats
+    assert attrs.evolve(stats, kv_layout="concat") == engines["concat"].stats
+    assert (stats.kv_layout, engines["concat"].stats.kv_layout) == ("pool", "concat")
+    assert stats.prefix_hits > 0
+    assert stats.max_rows == 5
+    reasons = {r.finish_reason for r in runs["pool"]}
+    assert reasons == {"stop", "length"} or not params.stop
+    assert len({len(r.token_ids) for r in runs["pool"]}) >= 4  # rows left at different steps
+
+
+def test_a_decode_step_writes_into_the_pool_in_place_and_never_concatenates(
+    tiny_8h: Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = _engine(tiny_8h, SamplingParams(temperature=0.0), "pool", max_batch_size=8)
+    requests = [DecodeRequest(prompt_ids=_prompt(tiny_8h[1], i), max_new_tokens=30) for i in range(4)]
+    with torch.inference_mode():
+        engine._admit(requests, engine.device)  # pyright: ignore[reportPrivateUsage]
+    pool = engine._cache  # pyright: ignore[reportPrivateUsage]
+    assert isinstance(pool, KVPool)
+    buffers = [t.data_ptr() for t in (*pool._keys, *pool._values)]  # pyright: ignore[reportPrivateUsage]
+    updates = 0
+    original = DynamicLayer.update
+
+    def counting(self: DynamicLayer, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        nonlocal updates
+        updates += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DynamicLayer, "update", counting)
+    end = pool.end
+    with torch.inference_mode():
+        for _ in range(10):
+            assert not engine._decode_step(engine.device)  # pyright: ignore[reportPrivateUsage]
+    assert pool.end == end + 10
+    assert updates == 0
+    assert [t.data_ptr() for t in (*pool._keys, *pool._values)] == buffers  # pyright: ignore[reportPrivateUsage]
+
+
+def test_rows_leaving_and_joining_keep_every_rows_keys(tiny_8h: Model) -> None:
+    """Through drops (slots refilled from the tail) and merges (slots and columns growing), every step's logits
+    and each engine row's unmasked keys and values are those of the concatenated cache."""
+    lm, tokenizer = tiny_8h
+    pool, concat = KVPool(max_rows=16, device=torch.device("cpu")), ConcatCache(torch.device("cpu"))
+
+    def forward(**kwargs: Any) -> Any:
+        return lm(**kwargs, use_cache=True, logits_to_keep=1)
+
+    def prefill(indices: range) -> tuple[DynamicCache, torch.Tensor]:
+        prompts = [_prompt(tokenizer, i) + _tool_turn(tokenizer, i) * (i % 3) for i in indices]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        cache = DynamicCache()
+        forward(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            past_key_values=cache,
+        )
+        return cache, mask
+
+    ops: list[tuple[str, Any]] = [
+        ("merge", range(0, 3)),
+        ("steps", 70),
+        ("drop", [0, 2]),
+        ("merge", range(3, 10)),
+        ("steps", 5),
+        ("drop", [0, 2, 5, 6, 8]),
+        ("merge", range(10, 13)),
+        ("steps", 5),
+        ("drop", [1, 4, 5, 7]),
+        ("steps", 3),
+    ]
+    positions = torch.zeros(0, dtype=torch.long)
+    columns: list[int] = []
+    with torch.inference_mode():
+        for op, arg in ops:
+            match op:
+                case "merge":
+                    cache, mask = prefill(arg)
+                    concat.merge(_copy(cache), mask)
+                    pool.merge(cache, mask)
+                    positions = torch.cat([positions, mask.sum(-1)])
+                case "drop":
+                    pool.drop(arg)
+                    concat.drop(arg)
+                    positions = positions[arg]
+                case _:
+                    for step in range(arg):
+                        tokens = torch.full((pool.rows,), 17 + step)
+                        assert torch.equal(
+                            pool.step(forward, tokens, positions), concat.step(forward, tokens, positions)
+                        )
+                        positions = positions + 1
+                        columns.append(pool._mask.shape[1])  # pyright: ignore[reportPrivateUsage]
+            assert pool.rows == concat.rows
+            for row in range(pool.rows):
+                for a, b in zip(pool.row_state(row), concat.row_state(row), strict=True):
+                    assert isinstance(a, AttentionRow)
+                    assert isinstance(b, AttentionRow)
+                    assert torch.equal(a.keys, b.keys)
+                    assert torch.equal(a.values, b.values)
+    assert len(set(columns)) > 1  # the columns grew while rows ran
+
+
+def _copy(cache: DynamicCache) -> DynamicCache:
+    copy = DynamicCache()
+    for index, layer in enumerate(cache.layers):
+        assert isinstance(layer, DynamicLayer)
+        assert layer.keys is not None
+        assert layer.values is not None
+        copy.update(layer.keys.clone(), layer.values.clone(), index)
+    return copy
+
+
+def test_the_pool_is_refused_for_a_model_with_linear_attention(tiny_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    hybrid = standin_model(
+        "qwen3.5",
+        vocab_size=len(tokenizer),
+        eos_token_id=int(tokenizer.convert_tokens_to_ids("<|im_end|>")),
+        pad_token_id=int(tokenizer.pad_token_id),
+    )
+    with pytest.raises(SamplerError, match="linear-attention"):
+        _engine((hybrid, tokenizer), SamplingParams(), "pool")
+    assert _engine((hybrid, tokenizer), SamplingParams(), "auto").stats.kv_layout == "concat"
