@@ -24,6 +24,14 @@ class StandinModel(Protocol):
     def __call__(self, release: str, template: str, /) -> Path: ...
 
 
+class Launch(Protocol):
+    """`run_cli`'s signature: runs ``mcprl-train ARGS`` to completion, its output captured."""
+
+    def __call__(
+        self, *args: str, cwd: Path | None = None, timeout: float = 900
+    ) -> subprocess.CompletedProcess[str]: ...
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment of a `mcprl-train` subprocess: tracking offline, one torch thread (CPU kernels are
     deterministic at a fixed thread count, and two runs at once then share two cores)."""
@@ -102,7 +110,7 @@ def train_and_evaluate(
     model: Path,
     out: Path,
     extra: Sequence[str],
-    launch: Callable[..., subprocess.CompletedProcess[str]] = run_cli,
+    launch: Launch = run_cli,
 ) -> ShortRun:
     """Runs `mcprl-train train` (SHORT + ``extra``) on ``model`` into ``out/run``, then `mcprl-train eval` on
     the checkpoint it names latest; checks nothing (`check_short_run` does, in the test)."""
@@ -157,7 +165,7 @@ class RunPool:
     """Runs a module's independent subprocess jobs ``workers`` at a time in threads, so that two runs overlap
     while the tests check their results in order; `close` kills what still runs.
 
-    A job gets ``launch`` (`run_cli`'s signature) and must start its processes only through it.
+    A job gets a `Launch` and must start its processes only through it.
     """
 
     def __init__(self, workers: int = 2) -> None:
@@ -167,9 +175,7 @@ class RunPool:
         self._lock = threading.Lock()
         self._closed = False
 
-    def submit(
-        self, key: Hashable, job: Callable[[Callable[..., subprocess.CompletedProcess[str]]], ShortRun]
-    ) -> None:
+    def submit(self, key: Hashable, job: Callable[[Launch], ShortRun]) -> None:
         self._futures[key] = self._executor.submit(job, self._launch)
 
     def result(self, key: Hashable) -> ShortRun:
