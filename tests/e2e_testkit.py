@@ -1,6 +1,6 @@
 """What the end-to-end tests share: the real `mcprl-train` command as a subprocess, the short run of a
 stand-in model (warm start → one GRPO step → checkpoint → `eval` of the checkpoint) and its checks, and a pool
-that runs a module's independent runs two at a time while its tests check them in order."""
+that starts a module's independent runs ahead of the tests that check them, in order."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class Launch(Protocol):
 
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment of a `mcprl-train` subprocess: tracking offline, one torch thread (CPU kernels are
-    deterministic at a fixed thread count, and two runs at once then share two cores)."""
+    deterministic at a fixed thread count)."""
     return {**os.environ, "WANDB_MODE": "disabled", "WEAVE_DISABLED": "true", "OMP_NUM_THREADS": "1", **extra}
 
 
@@ -161,14 +161,19 @@ def selected_params(request: pytest.FixtureRequest, name: str) -> list[str]:
     return list(dict.fromkeys(values))
 
 
+RUN_WORKERS = 1
+"""Runs at once in a `RunPool`. Two at a time measured no faster on the shared 2-core machine (benchmarks/RESULTS.md,
+"the stand-in end-to-end tests"); a machine with cores to spare may raise it."""
+
+
 class RunPool:
-    """Runs a module's independent subprocess jobs ``workers`` at a time in threads, so that two runs overlap
-    while the tests check their results in order; `close` kills what still runs.
+    """Runs a module's independent subprocess jobs ``workers`` at a time in threads, each starting as soon as
+    a worker is free, while the tests check their results in order; `close` kills what still runs.
 
     A job gets a `Launch` and must start its processes only through it.
     """
 
-    def __init__(self, workers: int = 2) -> None:
+    def __init__(self, workers: int = RUN_WORKERS) -> None:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="e2e-run")
         self._futures: dict[Hashable, Future[ShortRun]] = {}
         self._live: set[subprocess.Popen[str]] = set()

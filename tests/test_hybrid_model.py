@@ -6,8 +6,8 @@ layers alternating gated-delta-net linear attention and full attention, the 151,
 and Qwen3.5's chat template as published. The sampler batches its conv and recurrent states
 (`mcprl_policy.cache_rows`); the learner runs the padded layout, because packing hybrids needs the
 linear-attention kernels to restart their state at every sequence boundary. The demo's MCP servers are real
-stdio subprocesses and the CLI is the real one; the short run is `e2e_testkit.SHORT`, the two runs overlap
-(`RunPool`).
+stdio subprocesses and the CLI is the real one; the short run is `e2e_testkit.SHORT`, started by a
+`RunPool`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def hybrid_standin(standin_model: StandinModel) -> Path:
 def runs(
     request: pytest.FixtureRequest, hybrid_standin: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunPool]:
-    pool = RunPool(workers=2)
+    pool = RunPool()
     for variant in selected_params(request, "variant"):
         extra = [*PADDED, *(LORA if variant == "lora" else ())]
         out = tmp_path_factory.mktemp(f"hybrid-{variant}")

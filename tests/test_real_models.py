@@ -13,8 +13,8 @@ Qwen3.5 has its own 248k vocabulary, which is not available here (llama.cpp's ``
 the Qwen2 vocabulary under Qwen3.5's pre-tokenizer name); its template (XML tool calls, ``<think>`` generation
 prompt) runs on the Qwen3 vocabulary, which holds every token the template writes.
 
-The runs are independent, so the module's `RunPool` runs them two at a time while the tests check them in order
-(`e2e_testkit.py`); each test checks its own run.
+The runs are independent: the module's `RunPool` (`e2e_testkit.py`) runs them one after another, each
+starting as soon as the one before ends, and each test checks its own run.
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ def runs(
     llama_standin_model: StandinModel,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RunPool]:
-    """Starts the runs this session's selected tests of the module check, in their order, two at a time."""
+    """Starts the runs this session's selected tests of the module check, in their order."""
     models = {"qwen": standin_model, "llama": llama_standin_model}
-    pool = RunPool(workers=2)
+    pool = RunPool()
     for run_id in selected_params(request, "run_id"):
         run = RUNS[run_id]
         out = tmp_path_factory.mktemp(run_id)
