@@ -1,69 +1,85 @@
-"""Fixtures of the end-to-end tests: random-weight stand-ins for real models (`chat_templates_dir` is in the root conftest)."""
+"""Fixtures of the end-to-end tests: random-weight stand-ins for real models (`chat_templates_dir` is in the root
+conftest); the test kits on sys.path: `e2e_testkit.py` here and mcprl-train's `train_testkit.py`, whose
+synthetic episodes the GPU tests (gpu/) feed the learner."""
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+# --import-mode=importlib adds no test directory
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).parents[1] / "packages" / "mcprl-train" / "tests"))
+
+from e2e_testkit import StandinModel
+
+SaveStandin = Callable[[str, str, Path], Path]
+"""``(release, chat template text, empty directory) -> model directory``."""
+
+
+def _built_once(save: SaveStandin, chat_templates_dir: Path, factory: pytest.TempPathFactory) -> StandinModel:
+    """``save`` once per argument pair; thread-safe, since a `RunPool` job may ask first."""
+    built: dict[tuple[str, str], Path] = {}
+    lock = threading.Lock()
+
+    def model(release: str, template: str) -> Path:
+        with lock:
+            if (release, template) not in built:
+                text = (chat_templates_dir / template).read_text()
+                built[release, template] = save(release, text, factory.mktemp(f"standin-{release}"))
+            return built[release, template]
+
+    return model
+
 
 @pytest.fixture(scope="session")
-def standin_model(
-    chat_templates_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Callable[[str, str], Path]:
-    """Builds (once per session and argument pair) a tiny random-weight Qwen3 with a real Qwen vocabulary.
+def standin_model(chat_templates_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> StandinModel:
+    """Builds (once per session and argument pair) a tiny random-weight Qwen with a real Qwen vocabulary.
 
-    The directory holds what a hub checkpoint holds: config.json with the 151,936-row vocabulary, weights,
-    the release's tokenizer (`mcprl_policy.standin.qwen_tokenizer`) and the vendor's template as published.
+    Release ``"qwen3"`` or ``"qwen2.5"``: a two-layer ``Qwen3ForCausalLM`` with the release's tokenizer;
+    ``"qwen3.5"``: a four-layer ``Qwen3_5ForCausalLM`` hybrid (gated-delta-net linear attention alternating with
+    full attention) with the Qwen3 tokenizer, which holds every token Qwen3.5's template writes (Qwen3.5's own
+    248k vocabulary is not available offline). The directory holds what a hub checkpoint holds: config.json with
+    the 151,936-row vocabulary, weights, the tokenizer (`mcprl_policy.standin.qwen_tokenizer`) and the vendor's
+    template as published.
     """
     pytest.importorskip("gguf", reason="the Qwen vocabulary is read from a .gguf file: pip install gguf")
-    from mcprl_policy.standin import QwenRelease, qwen_tokenizer, save_standin_model
+    from mcprl_policy.standin import QwenRelease, StandinArchitecture, qwen_tokenizer, save_standin_model
 
-    built: dict[tuple[str, str], Path] = {}
-    releases: dict[str, QwenRelease] = {"qwen2.5": "qwen2.5", "qwen3": "qwen3"}
+    kinds: dict[str, tuple[QwenRelease, StandinArchitecture]] = {
+        "qwen2.5": ("qwen2.5", "qwen3"),
+        "qwen3": ("qwen3", "qwen3"),
+        "qwen3.5": ("qwen3", "qwen3.5"),
+    }
 
-    def build(release: str, template: str) -> Path:
-        key = (release, template)
-        if key not in built:
-            tokenizer = qwen_tokenizer(
-                chat_templates_dir / "ggml-vocab-qwen2.gguf",
-                release=releases[release],
-                chat_template=(chat_templates_dir / template).read_text(),
-            )
-            directory = tmp_path_factory.mktemp(f"standin-{release}")
-            built[key] = save_standin_model(directory, tokenizer)
-        return built[key]
+    def save(release: str, template: str, directory: Path) -> Path:
+        vocabulary, architecture = kinds[release]
+        gguf = chat_templates_dir / "ggml-vocab-qwen2.gguf"
+        tokenizer = qwen_tokenizer(gguf, release=vocabulary, chat_template=template)
+        return save_standin_model(directory, tokenizer, architecture=architecture)
 
-    return build
+    return _built_once(save, chat_templates_dir, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def llama_standin_model(
-    chat_templates_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Callable[[str, str], Path]:
+def llama_standin_model(chat_templates_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> StandinModel:
     """Builds (once per session and argument pair) a tiny random-weight Llama with the real Llama 3 vocabulary.
 
-    ``(release, template file) -> model directory``; release is ``"llama3.1"`` or ``"hermes3"``
-    (`mcprl_policy.standin.LlamaRelease`): 128,256 embedding rows, the release's special-token names and
-    end-of-turn ids, and the vendor's template as published.
+    Release ``"llama3.1"`` or ``"hermes3"`` (`mcprl_policy.standin.LlamaRelease`): 128,256 embedding rows, the
+    release's special-token names and end-of-turn ids, and the vendor's template as published.
     """
     pytest.importorskip("gguf", reason="the Llama 3 vocabulary is read from a .gguf file: pip install gguf")
     from mcprl_policy.standin import LlamaRelease, llama_tokenizer, save_llama_standin_model
 
-    built: dict[tuple[str, str], Path] = {}
     releases: dict[str, LlamaRelease] = {"llama3.1": "llama3.1", "hermes3": "hermes3"}
 
-    def build(release: str, template: str) -> Path:
-        key = (release, template)
-        if key not in built:
-            tokenizer = llama_tokenizer(
-                chat_templates_dir / "ggml-vocab-llama-bpe.gguf",
-                release=releases[release],
-                chat_template=(chat_templates_dir / template).read_text(),
-            )
-            directory = tmp_path_factory.mktemp(f"standin-{release}")
-            built[key] = save_llama_standin_model(directory, tokenizer, release=releases[release])
-        return built[key]
+    def save(release: str, template: str, directory: Path) -> Path:
+        gguf = chat_templates_dir / "ggml-vocab-llama-bpe.gguf"
+        tokenizer = llama_tokenizer(gguf, release=releases[release], chat_template=template)
+        return save_llama_standin_model(directory, tokenizer, release=releases[release])
 
-    return build
+    return _built_once(save, chat_templates_dir, tmp_path_factory)

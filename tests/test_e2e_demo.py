@@ -9,12 +9,10 @@ rewards (mcprl-env), the GRPO math (mcprl-grpo), and the warm start, loop, check
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from e2e_testkit import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -53,19 +51,9 @@ PROMISED = [
 
 
 def test_short_demo_improves_validation_reward_and_writes_every_promised_file(tmp_path: Path) -> None:
-    # One torch thread: the run reproduces the recorded one (CPU kernels are deterministic at a fixed thread count).
-    env = {**os.environ, "WANDB_MODE": "disabled", "WEAVE_DISABLED": "true", "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "mcprl_train",
-        "--set",
-        f"run.output_dir={tmp_path}",
-        "--run-name",
-        "e2e",
-        *SHORT,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env, check=False)
+    # `run_cli` runs one torch thread: the run reproduces the recorded one (CPU kernels are deterministic at a
+    # fixed thread count).
+    proc = run_cli("--set", f"run.output_dir={tmp_path}", "--run-name", "e2e", *SHORT, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "e2e"
     missing = [name for name in PROMISED if not (run / name).exists()]

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import structlog
+from e2e_testkit import StandinModel
 
 from mcprl_train.cli import main
-
-StandinModel = Callable[[str, str], Path]
 
 
 @pytest.fixture(autouse=True)

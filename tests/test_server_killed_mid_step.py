@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_testkit import cli_env
 
 import mcprl_tasks
 
@@ -128,7 +129,7 @@ def test_a_stateful_server_killed_mid_step_mis_scores_no_episode(tmp_path: Path)
     tasks = post_tasks(tmp_path / "tasks.json")
     run = tmp_path / "killed"
     log = (tmp_path / "console.txt").open("wb")
-    env = {**os.environ, "WANDB_MODE": "disabled", "WEAVE_DISABLED": "true", "OMP_NUM_THREADS": "1"}
+    env = cli_env()
     proc = subprocess.Popen(command(tmp_path, tasks), env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         killed_pid, calls_before_kill = kill_after_first_post(proc, run / "calls.jsonl")

@@ -8,12 +8,10 @@ config.json, the encoding of "Hello world" by the published tokenizer, and llama
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-StandinModel = Callable[[str, str], Path]
+from e2e_testkit import StandinModel
 
 
 def _test_vectors(directory: Path, vocab: str) -> list[tuple[str, list[int]]]:

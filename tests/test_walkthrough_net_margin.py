@@ -10,15 +10,13 @@ command, shortened to two GRPO steps.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import attrs
 import pytest
+from e2e_testkit import run_cli
 
 from mcprl_env import Environment, Episode, PythonChecker, Task, TaskSet
 from mcprl_env.testing import CharTokenizer, ScriptedSampler
@@ -93,7 +91,6 @@ async def test_the_example_checker_accepts_a_grounded_answer_and_rejects_guesses
 
 @pytest.mark.slow
 def test_the_walkthrough_trains_from_the_cli(tmp_path: Path) -> None:
-    env = {**os.environ, "WANDB_MODE": "disabled", "WEAVE_DISABLED": "true", "OMP_NUM_THREADS": "1"}
     short = [
         "--set", "run.steps=2",
         "--set", "grpo.tasks_per_step=2",
@@ -101,8 +98,7 @@ def test_the_walkthrough_trains_from_the_cli(tmp_path: Path) -> None:
         "--set", "eval.n_tasks=2",
         "--set", f"run.output_dir={tmp_path}",
     ]  # fmt: skip
-    cmd = [sys.executable, "-m", "mcprl_train", "--config", "config.yaml", "--run-name", "walk", *short]
-    proc = subprocess.run(cmd, cwd=EXAMPLE, capture_output=True, text=True, timeout=900, env=env, check=False)
+    proc = run_cli("--config", "config.yaml", "--run-name", "walk", *short, cwd=EXAMPLE)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "walk"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import socket
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 
 import anyio
 import pytest
 import torch
+from e2e_testkit import StandinModel
+from train_testkit import synthetic_groups
 
-from mcprl_env import Episode, EpisodeGroup, Task
 from mcprl_policy import Completion, HFSampler, Policy, SamplingParams
 from mcprl_train.build import build_policy
 from mcprl_train.config import Config
 from mcprl_train.loop.learner import Learner
-from mcprl_train.typed_torch import manual_seed, tensor_list
+from mcprl_train.typed_torch import manual_seed
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,7 +33,6 @@ pytestmark = [
     ),
 ]
 
-StandinModel = Callable[[str, str], Path]
 
 SMALL = [
     "model.name=tiny",
@@ -48,53 +46,8 @@ SMALL = [
 """The profile's path at the embedded tiny model's size (a large lr so that one step visibly moves bf16 weights)."""
 
 
-def _groups(policy: Policy, *, n_groups: int = 2, group_size: int = 4) -> list[EpisodeGroup]:
-    """Synthetic two-turn episodes whose sampler logprobs are the policy's own (ratios start at 1)."""
-    rng = random.Random(0)
-    vocab = len(policy.tokenizer)
-    raw: list[tuple[list[int], list[int]]] = []
-    for _ in range(n_groups * group_size):
-        prompt = [rng.randrange(10, vocab) for _ in range(12)]
-        turn = [rng.randrange(10, vocab) for _ in range(rng.randrange(4, 10))]
-        tool = [rng.randrange(10, vocab) for _ in range(5)]
-        turn2 = [rng.randrange(10, vocab) for _ in range(rng.randrange(3, 8))]
-        raw.append((prompt + turn + tool + turn2, [0] * 12 + [1] * len(turn) + [0] * 5 + [1] * len(turn2)))
-    with torch.no_grad():
-        logprobs = policy.forward_packed([ids for ids, _ in raw], values=False).split("logprobs")
-    groups: list[EpisodeGroup] = []
-    for g in range(n_groups):
-        episodes: list[Episode] = []
-        for i in range(group_size):
-            ids, mask = raw[g * group_size + i]
-            lp = tensor_list(logprobs[g * group_size + i].float(), float)
-            episodes.append(
-                Episode(
-                    episode_id=f"t{g}/{i}",
-                    task_id=f"t{g}",
-                    group_id=f"t{g}",
-                    token_ids=ids,
-                    prompt_length=12,
-                    loss_mask=mask,
-                    sampler_logprobs=[x if m else 0.0 for x, m in zip(lp, mask, strict=True)],
-                    messages=[],
-                    reward=float((i + g) % 2 == 0),
-                    reward_components={},
-                    valid=True,
-                    success=(i + g) % 2 == 0,
-                    stop_reason="answer",
-                    error=None,
-                    answer=None,
-                    metrics={},
-                )
-            )
-        groups.append(
-            EpisodeGroup(group_id=f"t{g}", task=Task(id=f"t{g}", prompt="q", answer="1"), episodes=episodes)
-        )
-    return groups
-
-
 def _one_update(learner: Learner, policy: Policy) -> dict[str, float]:
-    samples, advantages = learner.prepare(_groups(policy))
+    samples, advantages = learner.prepare(synthetic_groups(policy, n_groups=2, success_every=2))
     metrics = learner.update(samples)
     assert metrics["optim/steps"] >= 1, metrics
     for key, value in {**metrics, **advantages}.items():

@@ -1,12 +1,16 @@
 """Fixtures: the vendors' chat templates (fetched once per machine by scripts/fetch-chat-templates.py), and a
-tokenizer to render them."""
+tokenizer to render them; the test kit (`train_testkit.py`) on sys.path."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib adds no test directory
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",

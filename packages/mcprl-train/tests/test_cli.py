@@ -92,7 +92,8 @@ def test_debug_is_accepted_after_the_subcommand(capsys: pytest.CaptureFixture[st
     assert "unknown config key 'grpo.grup_size'" in err
 
 
-def test_plan_of_a_local_model_prints_the_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def _small_qwen3(tmp_path: Path) -> Path:
+    """A two-layer Qwen3's config.json (no weights: `plan` reads the shape only)."""
     Qwen3Config(  # pyright: ignore[reportUnknownMemberType]  # save_pretrained: transformers leaves **kwargs unannotated
         vocab_size=1000,
         hidden_size=64,
@@ -102,7 +103,11 @@ def test_plan_of_a_local_model_prints_the_table(capsys: pytest.CaptureFixture[st
         num_key_value_heads=2,
         head_dim=16,
     ).save_pretrained(tmp_path / "m")
-    code = main(["plan", "--profile", "a100x2", "--model", str(tmp_path / "m")])
+    return tmp_path / "m"
+
+
+def test_plan_of_a_local_model_prints_the_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main(["plan", "--profile", "a100x2", "--model", str(_small_qwen3(tmp_path))])
     out = capsys.readouterr().out
     assert code == 0
     assert "optimizer states" in out
@@ -110,16 +115,9 @@ def test_plan_of_a_local_model_prints_the_table(capsys: pytest.CaptureFixture[st
 
 
 def test_plan_exits_1_when_the_model_does_not_fit(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    Qwen3Config(  # pyright: ignore[reportUnknownMemberType]  # save_pretrained: transformers leaves **kwargs unannotated
-        vocab_size=1000,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-    ).save_pretrained(tmp_path / "m")
-    code = main(["plan", "--model", str(tmp_path / "m"), "--set", "distributed.device_memory_gb=0.001"])
+    code = main(
+        ["plan", "--model", str(_small_qwen3(tmp_path)), "--set", "distributed.device_memory_gb=0.001"]
+    )
     assert code == 1
     assert "does not fit" in capsys.readouterr().out
 

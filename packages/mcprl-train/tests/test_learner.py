@@ -11,8 +11,9 @@ from collections.abc import Callable
 import attrs
 import pytest
 import torch
+from train_testkit import synthetic_groups
 
-from mcprl_env import Episode, EpisodeGroup, Task
+from mcprl_env import Episode, EpisodeGroup
 from mcprl_policy import Policy, ReferencePolicy
 from mcprl_train.config import Config
 from mcprl_train.errors import CheckpointError, RatioHealthError
@@ -29,53 +30,6 @@ def policy_state() -> Policy:
 
 def fresh_policy(template: Policy) -> Policy:
     return copy.deepcopy(template)
-
-
-def make_groups(
-    policy: Policy, *, n_groups: int = 3, group_size: int = 4, seed: int = 0
-) -> list[EpisodeGroup]:
-    """Groups of synthetic episodes whose sampler logprobs are the policy's own (ratios start at 1)."""
-    rng = random.Random(seed)
-    vocab = len(policy.tokenizer)
-    groups: list[EpisodeGroup] = []
-    raw: list[tuple[list[int], list[int]]] = []
-    for _ in range(n_groups * group_size):
-        prompt = [rng.randrange(10, vocab) for _ in range(12)]
-        turn = [rng.randrange(10, vocab) for _ in range(rng.randrange(4, 10))]
-        tool = [rng.randrange(10, vocab) for _ in range(5)]
-        turn2 = [rng.randrange(10, vocab) for _ in range(rng.randrange(3, 8))]
-        mask = [0] * len(prompt) + [1] * len(turn) + [0] * len(tool) + [1] * len(turn2)
-        raw.append((prompt + turn + tool + turn2, mask))
-    with torch.no_grad():
-        logprobs = policy.forward_packed([ids for ids, _ in raw], values=False).split("logprobs")
-    for g in range(n_groups):
-        task = Task(id=f"t{g}", prompt="What is the price of ACME?", answer="1")
-        episodes: list[Episode] = []
-        for i in range(group_size):
-            ids, mask = raw[g * group_size + i]
-            lp = tensor_list(logprobs[g * group_size + i], float)
-            episodes.append(
-                Episode(
-                    episode_id=f"t{g}/{i}",
-                    task_id=f"t{g}",
-                    group_id=f"t{g}",
-                    token_ids=ids,
-                    prompt_length=12,
-                    loss_mask=mask,
-                    sampler_logprobs=[x if m else 0.0 for x, m in zip(lp, mask, strict=True)],
-                    messages=[],
-                    reward=float((i + g) % 3 == 0),
-                    reward_components={},
-                    valid=True,
-                    success=(i + g) % 3 == 0,
-                    stop_reason="answer",
-                    error=None,
-                    answer=None,
-                    metrics={},
-                )
-            )
-        groups.append(EpisodeGroup(group_id=f"t{g}", task=task, episodes=episodes))
-    return groups
 
 
 def config(*overrides: str) -> Config:
@@ -95,7 +49,7 @@ def test_one_step_changes_trainable_parameters_and_gives_finite_metrics(policy_s
     policy = fresh_policy(policy_state)
     learner = Learner(policy=policy, config=config(), total_steps=10, seed=0)
     before = [p.detach().clone() for p in policy.trainable_parameters()]
-    samples, adv = learner.prepare(make_groups(policy))
+    samples, adv = learner.prepare(synthetic_groups(policy))
     metrics = learner.update(samples)
     after = list(policy.trainable_parameters())
     changed = [not torch.equal(a, b) for a, b in zip(before, after, strict=True)]
@@ -120,7 +74,7 @@ def test_ratios_differ_from_one_after_the_first_optimizer_step(policy_state: Pol
         return stats
 
     learner.micro_step = spy  # type: ignore[method-assign]
-    samples, _ = learner.prepare(make_groups(policy))
+    samples, _ = learner.prepare(synthetic_groups(policy))
     metrics = learner.update(samples)
     assert metrics["optim/steps"] == 4
     # The recompute pass uses the same packing: before any step the ratios are exactly 1 ...
@@ -136,7 +90,7 @@ def test_ratios_stuck_at_one_after_a_step_stop_the_run_with_a_diagnosis(policy_s
     for group in learner.optimizer.param_groups:
         group["lr"] = 0.0  # the step runs but moves nothing
     learner.scheduler.base_lrs = [0.0 for _ in learner.scheduler.base_lrs]
-    samples, _ = learner.prepare(make_groups(policy))
+    samples, _ = learner.prepare(synthetic_groups(policy))
     with pytest.raises(RatioHealthError, match="exactly 1 after 1 optimizer step"):
         learner.update(samples)
 
@@ -146,7 +100,7 @@ def test_a_loss_without_trainable_gradient_is_diagnosed(policy_state: Policy) ->
     learner = Learner(policy=policy, config=config(), total_steps=10, seed=0)
     for p in policy.trainable_parameters():
         p.requires_grad_(False)
-    samples, _ = learner.prepare(make_groups(policy))
+    samples, _ = learner.prepare(synthetic_groups(policy))
     with pytest.raises((RatioHealthError, RuntimeError)):
         learner.update(samples)
 
@@ -165,7 +119,7 @@ def test_check_ratio_health_names_the_missing_gradient() -> None:
 def test_zero_variance_groups_are_filtered_and_invalid_episodes_masked(policy_state: Policy) -> None:
     policy = fresh_policy(policy_state)
     learner = Learner(policy=policy, config=config(), total_steps=10, seed=0)
-    groups = make_groups(policy, n_groups=2)
+    groups = synthetic_groups(policy, n_groups=2)
     flat = EpisodeGroup(
         group_id="flat",
         task=groups[0].task,
@@ -190,7 +144,7 @@ def test_gae_estimator_trains_the_value_head(policy_state: Policy) -> None:
     )
     assert policy.value_head is not None
     head = [p.detach().clone() for p in policy.value_head.parameters()]
-    samples, _ = learner.prepare(make_groups(policy))
+    samples, _ = learner.prepare(synthetic_groups(policy))
     metrics = learner.update(samples)
     assert "loss/value" in metrics
     assert math.isfinite(metrics["loss/value"])
@@ -244,7 +198,7 @@ def test_mismatch_is_measured_against_the_sampler_logprobs_the_episodes_carry(po
         total_steps=10,
         seed=0,
     )
-    samples, _ = learner.prepare(make_groups(policy))
+    samples, _ = learner.prepare(synthetic_groups(policy))
     same = learner.update(samples)
     # The sampler logprobs are the policy's own: the learner's recompute agrees up to float error.
     assert same["mismatch/logprob_abs_diff_max"] < 1e-4
@@ -257,7 +211,7 @@ def test_mismatch_is_measured_against_the_sampler_logprobs_the_episodes_carry(po
         total_steps=10,
         seed=0,
     )
-    samples, _ = learner.prepare(shifted_sampler(make_groups(policy), lambda t: 0.3))
+    samples, _ = learner.prepare(shifted_sampler(synthetic_groups(policy), lambda t: 0.3))
     got = learner.update(samples)
     # log ρ = log π_learner - log π_sampler = 0.3 on every policy token: k1 = -0.3, k3 = e^0.3 - 1 - 0.3.
     assert got["mismatch/logprob_abs_diff_mean"] == pytest.approx(0.3, abs=1e-4)
@@ -271,7 +225,7 @@ def test_mismatch_is_measured_by_the_single_pass_when_nothing_is_recomputed(poli
     policy = fresh_policy(policy_state)
     learner = Learner(policy=policy, config=config("grpo.minibatches=1"), total_steps=10, seed=0)
     assert not learner.recompute_old
-    samples, _ = learner.prepare(shifted_sampler(make_groups(policy), lambda t: 0.3))
+    samples, _ = learner.prepare(shifted_sampler(synthetic_groups(policy), lambda t: 0.3))
     got = learner.update(samples)
     # The only pass's forward precedes the optimizer step: it is the learner's π_old, 0.3 above the sampler.
     assert got["mismatch/logprob_abs_diff_mean"] == pytest.approx(0.3, abs=1e-4)
@@ -298,7 +252,7 @@ def test_tis_weights_the_policy_gradient_loss_by_the_truncated_learner_sampler_r
 
     learner.micro_step = spy  # type: ignore[method-assign]
     # Sampler logprobs off by -0.8 … +0.8 along each turn: ratios π_learner/π_sampler in [e^-0.8, e^0.8].
-    samples, _ = learner.prepare(shifted_sampler(make_groups(policy), lambda t: 0.8 * math.sin(t)))
+    samples, _ = learner.prepare(shifted_sampler(synthetic_groups(policy), lambda t: 0.8 * math.sin(t)))
     metrics = learner.update(samples)
     assert 0.0 < metrics["mismatch/tis_capped_frac"] < 1.0
     for m, stats in seen:
@@ -331,7 +285,7 @@ def test_kl_in_reward_penalises_the_token_rewards_before_gae(policy_state: Polic
         "grpo.kl_estimator=k1",
     )
     learner = Learner(policy=policy, config=cfg, total_steps=10, seed=0, reference=reference)
-    samples, _ = learner.prepare(make_groups(policy))
+    samples, _ = learner.prepare(synthetic_groups(policy))
     micros = [micro_batch(b) for b in learner.pack(samples)]
     metrics = learner.recompute(micros)
     penalties: list[float] = []
@@ -368,7 +322,7 @@ def test_ema_reference_moves_by_the_formula_every_n_steps(policy_state: Policy) 
     assert reference.frozen is not None
     want = {k: v.clone() for k, v in reference.frozen.state_dict().items()}
     for step in range(1, 6):
-        samples, _ = learner.prepare(make_groups(policy, seed=step))
+        samples, _ = learner.prepare(synthetic_groups(policy, seed=step))
         learner.update(samples)
         learner.step_reference(step)
         if step % every == 0:
@@ -390,7 +344,7 @@ def test_learner_state_carries_the_moved_reference(policy_state: Policy) -> None
     learner = Learner(
         policy=policy, config=cfg, total_steps=10, seed=0, reference=ReferencePolicy.for_policy(policy)
     )
-    samples, _ = learner.prepare(make_groups(policy))
+    samples, _ = learner.prepare(synthetic_groups(policy))
     learner.update(samples)
     learner.step_reference(1)
     state = learner.state_dict()

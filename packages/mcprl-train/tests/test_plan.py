@@ -11,6 +11,7 @@ from typing import Literal
 import pytest
 import torch
 from rich.console import Console
+from train_testkit import plan_cli
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
@@ -517,28 +518,8 @@ def test_a_cached_config_is_read_and_the_table_wins_over_the_cache(
     assert load_model_shape("Qwen/Qwen3-0.6B") == KNOWN_ARCHITECTURES["Qwen/Qwen3-0.6B"]
 
 
-def _plan_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The real command with an empty cache, hub access left on and every request sent to a dead proxy."""
-    env = {
-        **os.environ,
-        "HF_HOME": str(tmp_path / "hf"),
-        "HTTPS_PROXY": "http://127.0.0.1:9",
-        "HTTP_PROXY": "http://127.0.0.1:9",
-        "COLUMNS": "160",
-    }
-    env.pop("HF_HUB_OFFLINE", None)
-    return subprocess.run(
-        [sys.executable, "-m", "mcprl_train", "plan", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 def test_the_plan_command_answers_for_a_profile_model_without_the_hub(tmp_path: Path) -> None:
-    proc = _plan_cli(tmp_path, "--profile", "a100x2")
+    proc = plan_cli(tmp_path, "--profile", "a100x2")
     assert proc.returncode == 0, proc.stderr
     assert "Qwen/Qwen3-0.6B: 596.0 M params" in proc.stdout
     assert "sampling replica" in proc.stdout
@@ -546,7 +527,7 @@ def test_the_plan_command_answers_for_a_profile_model_without_the_hub(tmp_path: 
 
 
 def test_an_unknown_uncached_model_fails_saying_how_to_provide_it(tmp_path: Path) -> None:
-    proc = _plan_cli(tmp_path, "--profile", "a100x2", "--model", "someone/not-cached")
+    proc = plan_cli(tmp_path, "--profile", "a100x2", "--model", "someone/not-cached")
     assert proc.returncode == 2
     assert "hf download someone/not-cached config.json" in proc.stderr
 

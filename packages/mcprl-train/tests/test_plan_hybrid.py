@@ -7,14 +7,12 @@ real forward fills.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 import torch
+from train_testkit import plan_cli
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 
@@ -186,28 +184,10 @@ def test_a_hybrids_kv_cache_is_a_quarter_of_a_dense_one_of_the_same_attention() 
     assert shape.state_bytes(2) == 24 * (8192 * 4 * 2 + 32 * 128 * 128 * 4)
 
 
-def _plan_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The real command with an empty cache, hub access left on and every request sent to a dead proxy."""
-    env = {
-        **os.environ,
-        "HF_HOME": str(tmp_path / "hf"),
-        "HTTPS_PROXY": "http://127.0.0.1:9",
-        "HTTP_PROXY": "http://127.0.0.1:9",
-        "COLUMNS": "200",
-    }
-    env.pop("HF_HUB_OFFLINE", None)
-    return subprocess.run(
-        [sys.executable, "-m", "mcprl_train", "plan", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 def test_plan_answers_offline_for_a_qwen3_5_size(tmp_path: Path) -> None:
-    proc = _plan_cli(tmp_path, "--profile", "single-gpu-lora", "--set", "model.name=Qwen/Qwen3.5-4B")
+    proc = plan_cli(
+        tmp_path, "--profile", "single-gpu-lora", "--set", "model.name=Qwen/Qwen3.5-4B", columns=200
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Qwen/Qwen3.5-4B: 4,205.8 M params" in proc.stdout
     assert "sampler linear-attention state" in proc.stdout

@@ -1,0 +1,88 @@
+"""What several test modules of mcprl-train (and the GPU tests in the root tests/gpu/) share: synthetic episode
+groups for the learner, and the `plan` command run with no way to reach the hub."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from mcprl_env import Episode, EpisodeGroup, Task
+from mcprl_policy import Policy
+from mcprl_train.typed_torch import tensor_list
+
+PROMPT_TOKENS = 12
+
+
+def synthetic_groups(
+    policy: Policy, *, n_groups: int = 3, group_size: int = 4, seed: int = 0, success_every: int = 3
+) -> list[EpisodeGroup]:
+    """Groups of two-turn episodes of random ids whose sampler logprobs are the policy's own (ratios start at
+    1); episode ``i`` of group ``g`` succeeds (reward 1) when ``(i + g) % success_every == 0``."""
+    rng = random.Random(seed)
+    vocab = len(policy.tokenizer)
+    raw: list[tuple[list[int], list[int]]] = []
+    for _ in range(n_groups * group_size):
+        prompt = [rng.randrange(10, vocab) for _ in range(PROMPT_TOKENS)]
+        turn = [rng.randrange(10, vocab) for _ in range(rng.randrange(4, 10))]
+        tool = [rng.randrange(10, vocab) for _ in range(5)]
+        turn2 = [rng.randrange(10, vocab) for _ in range(rng.randrange(3, 8))]
+        mask = [0] * len(prompt) + [1] * len(turn) + [0] * len(tool) + [1] * len(turn2)
+        raw.append((prompt + turn + tool + turn2, mask))
+    with torch.no_grad():
+        logprobs = policy.forward_packed([ids for ids, _ in raw], values=False).split("logprobs")
+    groups: list[EpisodeGroup] = []
+    for g in range(n_groups):
+        episodes: list[Episode] = []
+        for i in range(group_size):
+            ids, mask = raw[g * group_size + i]
+            lp = tensor_list(logprobs[g * group_size + i].float(), float)  # bf16 on a GPU
+            success = (i + g) % success_every == 0
+            episodes.append(
+                Episode(
+                    episode_id=f"t{g}/{i}",
+                    task_id=f"t{g}",
+                    group_id=f"t{g}",
+                    token_ids=ids,
+                    prompt_length=PROMPT_TOKENS,
+                    loss_mask=mask,
+                    sampler_logprobs=[x if m else 0.0 for x, m in zip(lp, mask, strict=True)],
+                    messages=[],
+                    reward=float(success),
+                    reward_components={},
+                    valid=True,
+                    success=success,
+                    stop_reason="answer",
+                    error=None,
+                    answer=None,
+                    metrics={},
+                )
+            )
+        task = Task(id=f"t{g}", prompt="What is the price of ACME?", answer="1")
+        groups.append(EpisodeGroup(group_id=f"t{g}", task=task, episodes=episodes))
+    return groups
+
+
+def plan_cli(tmp_path: Path, *args: str, columns: int = 160) -> subprocess.CompletedProcess[str]:
+    """``mcprl-train plan ARGS``: the real command with an empty cache, hub access left on and every request
+    sent to a dead proxy, its console ``columns`` wide."""
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "COLUMNS": str(columns),
+    }
+    env.pop("HF_HUB_OFFLINE", None)
+    return subprocess.run(
+        [sys.executable, "-m", "mcprl_train", "plan", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
