@@ -439,7 +439,7 @@ def draw_cost(engine: DecodeEngine, rows: int, vocab: int) -> str:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        batched = thread_ms(lambda: engine._draw(probs, requests))  # pyright: ignore[reportPrivateUsage]
+        batched = thread_ms(lambda: engine.chooser.draw(probs, requests))  # pyright: ignore[reportPrivateUsage]
         per_row = thread_ms(
             lambda: [torch.multinomial(probs[i : i + 1], 1, generator=g) for i, g in enumerate(generators)]
         )

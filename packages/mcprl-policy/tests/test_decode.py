@@ -22,12 +22,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import mcprl_policy.batch_cache
 import mcprl_policy.decode
 import mcprl_policy.kv_pool
+import mcprl_policy.token_choice
 from mcprl_policy import SamplingParams
 from mcprl_policy.batch_cache import KVLayout
-from mcprl_policy.decode import DecodeEngine, DecodeRequest, end_of_turn_ids
+from mcprl_policy.decode import DecodeEngine, DecodeRequest
+from mcprl_policy.vocab import end_of_turn_ids
 
 _FACTORIES = {torch.tensor, torch.zeros, torch.ones, torch.full, torch.arange, torch.empty}
-_ENGINE_FILES = {m.__file__ for m in (mcprl_policy.decode, mcprl_policy.kv_pool, mcprl_policy.batch_cache)}
+_ENGINE_FILES = {
+    m.__file__
+    for m in (mcprl_policy.decode, mcprl_policy.kv_pool, mcprl_policy.batch_cache, mcprl_policy.token_choice)
+}
 
 
 @pytest.fixture(scope="module")

@@ -29,9 +29,10 @@ from transformers.cache_utils import DynamicLayer
 from mcprl_policy import SamplerError, SamplingParams, build_tiny_model
 from mcprl_policy.batch_cache import ConcatCache, KVLayout
 from mcprl_policy.cache_rows import AttentionRow
-from mcprl_policy.decode import DecodeEngine, DecodeRequest, end_of_turn_ids
+from mcprl_policy.decode import DecodeEngine, DecodeRequest
 from mcprl_policy.kv_pool import KVPool
 from mcprl_policy.standin import standin_model
+from mcprl_policy.vocab import end_of_turn_ids
 
 Model = tuple[PreTrainedModel, PreTrainedTokenizerBase]
 

@@ -47,7 +47,7 @@ def test_seeded_draws_equal_one_multinomial_per_row_step_after_step(engine: Deco
     rng = torch.Generator().manual_seed(top_k)
     for _ in range(50):
         probs = _probs(rng, len(rows), 929, top_k=top_k)
-        got = engine._draw(probs, rows)  # pyright: ignore[reportPrivateUsage]
+        got = engine.chooser.draw(probs, rows)  # pyright: ignore[reportPrivateUsage]
         assert torch.equal(got, _per_row_multinomial(probs, reference))
 
 
@@ -55,10 +55,10 @@ def test_a_mixed_batch_draws_unseeded_rows_from_the_engine_generator_alike(engin
     seeds = [7, None, 9, None]
     rows = [DecodeRequest(prompt_ids=[1], max_new_tokens=1, seed=s) for s in seeds]
     shared = torch.Generator().manual_seed(11)
-    engine._generators[torch.device("cpu")] = torch.Generator().manual_seed(11)  # pyright: ignore[reportPrivateUsage]
+    engine.chooser._generators[torch.device("cpu")] = torch.Generator().manual_seed(11)  # pyright: ignore[reportPrivateUsage]
     own = {7: torch.Generator().manual_seed(7), 9: torch.Generator().manual_seed(9)}
     probs = _probs(torch.Generator().manual_seed(0), len(rows), 50, top_k=0)
-    got = engine._draw(probs, rows)  # pyright: ignore[reportPrivateUsage]
+    got = engine.chooser.draw(probs, rows)  # pyright: ignore[reportPrivateUsage]
     expected = _per_row_multinomial(probs, [own[s] if s is not None else shared for s in seeds])
     assert torch.equal(got, expected)
 
@@ -74,6 +74,6 @@ def test_a_broken_distribution_is_refused_like_multinomial_refuses_it(
     probs = torch.full((2, 10), 0.1)
     probs[1, 3] = bad
     with pytest.raises(ValueError, match="`inf`, `nan` or element < 0"):
-        engine._draw(probs, rows)  # pyright: ignore[reportPrivateUsage]
+        engine.chooser.draw(probs, rows)  # pyright: ignore[reportPrivateUsage]
     with pytest.raises(RuntimeError, match="`inf`, `nan` or element < 0"):
         torch.multinomial(probs, 1)

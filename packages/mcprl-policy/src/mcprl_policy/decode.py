@@ -22,7 +22,6 @@ from typing import Any, assert_never
 import attrs
 import structlog
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
@@ -33,8 +32,9 @@ from mcprl_policy.errors import SamplerError
 from mcprl_policy.fingerprint import weights_fingerprint
 from mcprl_policy.kv_pool import KVPool
 from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache
+from mcprl_policy.token_choice import TokenChooser
 
-__all__ = ["DecodeEngine", "DecodeRequest", "DecodeStats", "end_of_turn_ids"]
+__all__ = ["DecodeEngine", "DecodeRequest", "DecodeStats"]
 
 from mcprl_policy.completion import FinishReason
 
@@ -129,9 +129,7 @@ class DecodeEngine:
         self.decode = decode
         self.pending: deque[DecodeRequest] = deque()
         self.stats = DecodeStats(kv_layout=self.kv_layout)
-        # One generator per device sampled on: torch.multinomial needs its generator on the probabilities'
-        # device, and the model may move after the engine is built.
-        self._generators: dict[torch.device, torch.Generator] = {}
+        self.chooser = TokenChooser(params, vocab_limit)
         self._stop_window = max((len(s) for s in params.stop), default=0) + 8
         _log.info("decode_kv_layout", requested=kv_layout, chosen=self.kv_layout, max_rows=max_batch_size)
         self._reset()
@@ -157,18 +155,6 @@ class DecodeEngine:
     def device(self) -> torch.device:
         """The model's device (of its first parameter): every tensor and generator of the engine lives there."""
         return next(self.model.parameters()).device
-
-    def generator(self, device: torch.device) -> torch.Generator:
-        """The engine's random generator on ``device``, made (and seeded with ``params.seed``) on first use."""
-        generator = self._generators.get(device)
-        if generator is None:
-            generator = torch.Generator(device=device)
-            if self.params.seed is not None:
-                generator.manual_seed(self.params.seed)
-            else:
-                generator.seed()
-            self._generators[device] = generator
-        return generator
 
     @property
     def active(self) -> list[DecodeRequest]:
@@ -318,7 +304,7 @@ class DecodeEngine:
         self, rows: list[DecodeRequest], out: Any, mask: torch.Tensor, seen: torch.Tensor | None
     ) -> _State:
         """Sample each prefilled row's first token; the rows' state, ready to merge into the batch."""
-        tokens = self._choose(out.logits[:, -1], rows, seen)
+        tokens = self.chooser.choose(out.logits[:, -1], rows, seen)
         return _State(
             rows=rows, cache=out.past_key_values, mask=mask, positions=mask.sum(-1), last=tokens, seen=seen
         )
@@ -329,68 +315,8 @@ class DecodeEngine:
         self.stats.decode_calls += 1
         self.stats.decode_rows += len(self._rows)
         self._positions = self._positions + 1
-        self._last = self._choose(logits, self._rows, self._seen)
+        self._last = self.chooser.choose(logits, self._rows, self._seen)
         return self._finish_rows()
-
-    def _choose(
-        self, logits: torch.Tensor, rows: list[DecodeRequest], seen: torch.Tensor | None
-    ) -> torch.Tensor:
-        """Pick one token per row; record it and its logprob (tempered, untruncated, unpenalised).
-
-        Only ids below ``vocab_limit`` compete: the distribution sampled and reported is the softmax over
-        them, as `token_logprobs_and_entropy` recomputes it for training.
-        """
-        p = self.params
-        logits = logits[:, : self.vocab_limit].float()
-        logp = F.log_softmax(logits / p.logprob_temperature, dim=-1)
-        scores = logits
-        if seen is not None:
-            penalised = torch.where(scores > 0, scores / p.repetition_penalty, scores * p.repetition_penalty)
-            scores = torch.where(seen[:, : scores.shape[-1]], penalised, scores)
-        if p.greedy:
-            tokens = scores.argmax(-1)
-        else:
-            probs = _truncated_probs(scores / p.temperature, top_k=p.top_k, top_p=p.top_p)
-            tokens = self._draw(probs, rows)
-        chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
-        # One device-to-host copy for both: float64 holds every id and every float32 logprob exactly.
-        ids, logprobs = torch.stack([tokens.double(), chosen.double()]).tolist()
-        for request, token, lp in zip(rows, ids, logprobs, strict=True):
-            request.token_ids.append(int(token))
-            request.logprobs.append(lp)
-        if seen is not None:
-            seen.scatter_(1, tokens[:, None], True)
-        return tokens
-
-    def _draw(self, probs: torch.Tensor, rows: list[DecodeRequest]) -> torch.Tensor:
-        """One id per row of ``probs`` ``(B, V)``: seeded rows from their own generators, others the engine's.
-
-        A seeded request's generator (on the probabilities' device, seeded with ``request.seed``) advances only
-        with that request's draws, so its tokens do not depend on which rows share its batch or in what order
-        they were admitted. ``torch.multinomial`` draws one sample as ``argmax(p / q)`` with ``q ~ Exp(1)``
-        drawn from its generator (the exponential race, ATen's ``multinomial`` for ``num_samples=1``); here each
-        row's ``q`` comes from its own generator and the division and argmax run once for the batch: the same
-        draws as one ``multinomial`` call per row, without its per-call checks.
-        """
-        device = probs.device
-        if all(r.seed is None for r in rows):
-            return torch.multinomial(probs, 1, generator=self.generator(device)).squeeze(-1)
-        if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
-            raise ValueError(
-                "probability tensor contains either `inf`, `nan` or element < 0 (the logits are not finite)"
-            )
-        q = torch.empty_like(probs)
-        for i, r in enumerate(rows):
-            q[i].exponential_(1.0, generator=self._request_generator(r, device))
-        return (probs / q).argmax(-1)
-
-    def _request_generator(self, request: DecodeRequest, device: torch.device) -> torch.Generator:
-        if request.seed is None:
-            return self.generator(device)
-        if request.rng is None:
-            request.rng = torch.Generator(device=device)
-            request.rng.manual_seed(request.seed)
-        return request.rng
 
     def _finish_rows(self) -> list[DecodeRequest]:
         for request in self._rows:
@@ -476,21 +402,6 @@ def _resolve_layout(requested: KVLayout, *, recurrent: bool) -> ResolvedLayout:
             assert_never(unreachable)
 
 
-def _truncated_probs(scores: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
-    """``softmax(scores)`` ``(B, V)`` after top-k and top-p (Holtzman et al. 2020) truncation, row by row."""
-    if top_k > 0 and top_k < scores.shape[-1]:
-        kth = scores.topk(top_k, dim=-1).values[:, -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_scores, order = scores.sort(dim=-1, descending=True)
-        cumulative = sorted_scores.softmax(-1).cumsum(-1)
-        # Drop a token when the mass before it already reaches top_p (the most likely token always stays).
-        drop_sorted = (cumulative - sorted_scores.softmax(-1)) >= top_p
-        drop = drop_sorted.scatter(1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
-    return scores.softmax(-1)
-
-
 @contextmanager
 def _eval_mode(model: nn.Module) -> Iterator[None]:
     was_training = model.training
@@ -499,22 +410,3 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
-
-
-def end_of_turn_ids(tokenizer: Any, model: Any) -> frozenset[int]:
-    """The end-of-turn ids: the tokenizer's eos, ``<|im_end|>`` when present, the generation config's eos."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-        ids.add(im_end)
-    generation_config = getattr(model, "generation_config", None)
-    eos = getattr(generation_config, "eos_token_id", None)
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif isinstance(eos, list | tuple):
-        ids.update(int(e) for e in eos)
-    if not ids:
-        raise ValueError("the tokenizer has no end-of-turn token (eos_token_id is None and no <|im_end|>)")
-    return frozenset(ids)

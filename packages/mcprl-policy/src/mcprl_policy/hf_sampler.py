@@ -20,10 +20,10 @@ import structlog
 from mcprl_policy.batcher import Batcher, Wakeup
 from mcprl_policy.completion import Completion
 from mcprl_policy.config import SamplingParams
-from mcprl_policy.decode import DecodeEngine, DecodeRequest, end_of_turn_ids
+from mcprl_policy.decode import DecodeEngine, DecodeRequest
 from mcprl_policy.errors import SamplerError
 from mcprl_policy.policy import Policy
-from mcprl_policy.vocab import embedding_rows
+from mcprl_policy.vocab import embedding_rows, end_of_turn_ids
 
 __all__ = ["HFSampler"]
 

@@ -57,11 +57,10 @@ import structlog
 from mcprl_policy.batcher import Batcher, Wakeup
 from mcprl_policy.completion import Completion
 from mcprl_policy.config import SamplingParams
-from mcprl_policy.decode import end_of_turn_ids
 from mcprl_policy.errors import MissingExtraError, SamplerError
 from mcprl_policy.fingerprint import Fingerprint, weights_fingerprint
 from mcprl_policy.policy import Policy
-from mcprl_policy.vocab import embedding_rows
+from mcprl_policy.vocab import embedding_rows, end_of_turn_ids
 
 __all__ = ["VLLMSampler", "allowed_token_ids", "request_sampling_kwargs", "require_vllm"]
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from mcprl_policy.errors import ModelLoadError
 
-__all__ = ["decodable_ids", "embedding_rows", "vocab_limit"]
+__all__ = ["decodable_ids", "embedding_rows", "end_of_turn_ids", "vocab_limit"]
 
 
 def embedding_rows(model: nn.Module) -> int:
@@ -53,3 +53,22 @@ def vocab_limit(tokenizer: Any, model: nn.Module) -> int:
             "come from different checkpoints (or the embedding was not resized after adding tokens)"
         )
     return limit
+
+
+def end_of_turn_ids(tokenizer: Any, model: Any) -> frozenset[int]:
+    """The end-of-turn ids: the tokenizer's eos, ``<|im_end|>`` when present, the generation config's eos."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    generation_config = getattr(model, "generation_config", None)
+    eos = getattr(generation_config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, list | tuple):
+        ids.update(int(e) for e in eos)
+    if not ids:
+        raise ValueError("the tokenizer has no end-of-turn token (eos_token_id is None and no <|im_end|>)")
+    return frozenset(ids)

@@ -22,7 +22,7 @@ import structlog
 from mcprl_env import Environment, Task
 from mcprl_env.judge import judge_metrics
 from mcprl_policy import Policy, PolicySampler
-from mcprl_policy.decode import end_of_turn_ids
+from mcprl_policy.vocab import end_of_turn_ids
 from mcprl_train import build, collectives
 from mcprl_train.build import TaskData
 from mcprl_train.config import Config
