@@ -5,14 +5,20 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from mcprl_env import Environment, Task, task_from_dict
+from mcprl_env.testing import CharTokenizer, ScriptedSampler
+from mcprl_tools import ToolManager
 from mcprl_train.config import Config
+from mcprl_train.loop.collection import tool_step_metrics
+from mcprl_train.loop.rollouts import Rollouts
 from mcprl_train.loop.trainer import Trainer
 from mcprl_train.run.kill_resume import run_differences
 from mcprl_train.run.run_dir import RunDir
-from mcprl_train.run.sinks import MetricKind, Record
+from mcprl_train.run.sinks import MetricKind, Record, SinkGroup
 
 
 def _run(tmp_path: Path) -> RunDir:
@@ -181,3 +187,47 @@ def test_a_run_cut_after_its_final_validation_resumes_to_one_final_record_and_a_
     assert summary["success_warm_start"] is not None
     assert summary["success_final"] is not None
     assert json.loads(run.summary_path.read_text())["success_warm_start"] == summary["success_warm_start"]
+
+
+class _ValidatingRollouts:
+    """Validation that calls a real (in-memory MCP) tool server through the environment, with the libraries'
+    scripted sampler standing in for a model that has learned to call tools (the tiny model needs a long warm
+    start for that)."""
+
+    def __init__(self, env: Environment, sampler: ScriptedSampler, task: Task) -> None:
+        self.env, self.sampler, self.task = env, sampler, task
+
+    async def validate(self, tasks: object, *, label: str, namespace: str) -> dict[str, float]:
+        group = await self.env.run_group(self.task, self.sampler, group_size=2)
+        return {"val/success_rate": sum(e.success for e in group.episodes) / 2}
+
+
+@pytest.mark.anyio
+async def test_a_validations_tool_calls_go_to_its_own_record_not_the_next_steps(tmp_path: Path) -> None:
+    """Counted into the next GRPO step, they made that step's ``tools/step/calls`` depend on whether the run
+    was resumed after the validation (a resumed process never ran it)."""
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("calc")
+
+    @server.tool(description="Add two integers.")
+    def add(a: int, b: int) -> int:  # pyright: ignore[reportUnusedFunction]
+        return a + b
+
+    tok = CharTokenizer()
+    task = task_from_dict({"id": "t", "prompt": "1+2?", "answer": "3"})
+    turns = ['<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>', "<answer>3</answer>"]
+    config = Config.load(overrides=[f"run.output_dir={tmp_path}", "run.name=r"])
+    run = RunDir.create(config)
+    trainer = Trainer(config, run)
+    trainer.sinks = SinkGroup([run])
+    trainer.val_tasks = [task]
+    async with ToolManager.in_memory({"calc": server}) as manager:
+        env = Environment(manager=manager, tokenizer=tok)
+        trainer.rollouts = cast("Rollouts", _ValidatingRollouts(env, ScriptedSampler(tok, turns), task))
+        await trainer.evaluate("warm_start")
+        next_step = tool_step_metrics(env)
+    (record,) = run.read_metrics().records
+    assert record["val/success_rate"] == 1.0
+    assert record["val/tools/step/calls"] == 2
+    assert next_step["tools/step/calls"] == 0

@@ -282,6 +282,7 @@ def tool_step_metrics(env: Environment) -> dict[str, float]:
     """This process's tool-server events since the previous call: `tools/step/restarts`, `.../crashes`,
     `.../timeouts`, `.../infra_errors`, `.../queue_wait_max_ms`, per server too (`ToolManager.step_metrics`).
 
-    Validation between steps counts toward the next step. Empty for a tool caller that does not report them.
+    The trainer reads them after each validation too (into its record as ``val/tools/step/*``), so a step's
+    count is its own. Empty for a tool caller that does not report them.
     """
     return env.manager.step_metrics() if isinstance(env.manager, StepMetered) else {}

@@ -315,6 +315,9 @@ class Trainer:
         assert self.rollouts is not None
         namespace = f"eval-{tag}-{self.state.sft_step}-{self.state.step}"
         metrics = await self.rollouts.validate(self.val_tasks, label=tag, namespace=namespace)
+        # The validation's own tool events: left in the counters they would join the next GRPO step's, which
+        # then would depend on whether the run was resumed in between.
+        metrics.update({f"val/{k}": v for k, v in tool_step_metrics(self.rollouts.env).items()})
         metrics["time/elapsed_s"] = self.elapsed()
         self.log_metrics("eval", self.state.step, metrics, tag=tag)
         return metrics

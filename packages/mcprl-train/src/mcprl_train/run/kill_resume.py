@@ -155,6 +155,10 @@ def kill_and_resume(
             proc = subprocess.Popen(command(resume), stdout=out, stderr=subprocess.STDOUT)
             started = time.monotonic()
             hit = trigger is not None and _wait_for(trigger, proc, run, log_start, stale, started, timeout_s)
+            children = _children(proc.pid) if hit else []
+            if hit:
+                proc.send_signal(signal.SIGKILL)
+                hit = proc.wait() == -signal.SIGKILL  # not when it exited on its own just before
             if not hit:
                 rc = proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - started)))
                 if rc != 0:
@@ -162,9 +166,6 @@ def kill_and_resume(
                         f"attempt {attempt} exited {rc}; see {logs / f'attempt-{attempt}.log'}"
                     )
                 return KillRun(run=run, kills=tuple(done), attempts=attempt + 1, wall_s=time.monotonic() - t0)
-            children = _children(proc.pid)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
             after = time.monotonic() - started
         assert trigger is not None
         phase = landed_phase(run, log_start, stale)
