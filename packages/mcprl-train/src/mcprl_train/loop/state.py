@@ -6,7 +6,10 @@ resumed run takes exactly the step an uninterrupted run would have taken next.
 
 from __future__ import annotations
 
+import gc
 import random
+from collections.abc import Generator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import attrs
@@ -70,3 +73,18 @@ def sampler_seed(seed: int, step: int, rank: int) -> int:
 def step_seed(seed: int, step: int) -> int:
     """A per-step sampler seed: step ``step`` samples the same way whether or not the run was resumed."""
     return (seed * 1_000_003 + step * 7_919) % (2**31 - 1)
+
+
+@contextmanager
+def frozen_heap() -> Generator[None]:
+    """Keep what exists now (model, tokenizer, tasks, servers' clients) out of the cyclic collector's scans.
+
+    They live for the whole run; without this every full collection walks them again. Reference counting
+    still frees them; `gc.unfreeze` hands them back to the collector when the stages end.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -10,10 +10,8 @@ task-stream position, stage, step), so the next step equals the one an uninterru
 
 from __future__ import annotations
 
-import gc
 import time
-from collections.abc import Callable, Generator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -22,19 +20,18 @@ import structlog
 from mcprl_env import Environment, Task
 from mcprl_env.judge import judge_metrics
 from mcprl_policy import Policy, PolicySampler
-from mcprl_policy.vocab import end_of_turn_ids
 from mcprl_train import build, collectives
 from mcprl_train.build import TaskData
 from mcprl_train.config import Config
-from mcprl_train.loop.collection import Collection
+from mcprl_train.loop.collection import Collection, tool_step_metrics
 from mcprl_train.loop.learner import Learner
 from mcprl_train.loop.overlap import CollectedStep, collect_step, learn_step, learn_while_collecting
 from mcprl_train.loop.rollouts import Rollouts
-from mcprl_train.loop.state import TrainState, seed_everything
+from mcprl_train.loop.state import TrainState, frozen_heap, seed_everything
 from mcprl_train.loop.summary import run_summary
 from mcprl_train.loop.task_stream import TaskStream
 from mcprl_train.loop.update import UpdateBackend
-from mcprl_train.loop.warm_start import SFTStage, render_demonstrations
+from mcprl_train.loop.warm_start import SFTStage, teacher_success
 from mcprl_train.run.checkpoint import Checkpoint
 from mcprl_train.run.progress import RunProgress
 from mcprl_train.run.ranks import write_rank_record
@@ -145,25 +142,14 @@ class Trainer:
             assert self.backend is not None
             self.rollouts = Rollouts(cfg, self.backend, env, progress=self.progress)
             if cfg.sft.enabled:
-                scored = [d.succeeds for d in demos if d.succeeds is not None]
-                self.teacher_success = sum(scored) / len(scored) if scored else None
-                logger.info("demonstrations", demos=len(demos), teacher_success=self.teacher_success)
-                examples = render_demonstrations(
-                    self.policy.tokenizer,
-                    demos,
-                    train_set,
-                    env,
-                    end_of_turn=end_of_turn_ids(self.policy.tokenizer, self.policy.model),
-                )
-                self.sft = SFTStage(
-                    policy=self.policy, sft=cfg.sft, optim=cfg.optim, examples=examples, seed=cfg.run.seed
-                )
+                self.sft = SFTStage.from_demonstrations(self.policy, demos, train_set, env, cfg)
+                self.teacher_success = teacher_success(demos)
             if self.is_writer:
                 console = ConsoleSink(cfg, sft_steps=self.sft.total_steps if self.sft else None)
                 self.sinks = SinkGroup([self.run_dir, console, *self.extra_sinks])
             if self.resume:
                 self.restore(loaded)
-            with self.progress, _frozen_heap():
+            with self.progress, frozen_heap():
                 return await self.stages()
 
     def find_checkpoint(self) -> Checkpoint | None:
@@ -422,18 +408,3 @@ class Trainer:
             write_rank_record(self.run_dir, self.backend.sampling_policy, step=self.state.step)
             collectives.barrier()
         return summary
-
-
-@contextmanager
-def _frozen_heap() -> Generator[None]:
-    """Keep what exists now (model, tokenizer, tasks, servers' clients) out of the cyclic collector's scans.
-
-    They live for the whole run; without this every full collection walks them again. Reference counting
-    still frees them; `gc.unfreeze` hands them back to the collector when the stages end.
-    """
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()

@@ -23,7 +23,8 @@ from mcprl_env import ChatTokenizer, Environment
 from mcprl_policy import Layout, Policy
 from mcprl_policy.attention import check_packable, is_packable, uses_varlen
 from mcprl_policy.supervised import target_logprobs
-from mcprl_train.config import OptimConfig, SFTConfig
+from mcprl_policy.vocab import end_of_turn_ids
+from mcprl_train.config import Config, OptimConfig, SFTConfig
 from mcprl_train.config.sections import SFTLayout
 from mcprl_train.errors import DemonstrationError
 from mcprl_train.loop.chat_mask import prefix_diff_targets
@@ -253,6 +254,14 @@ def sft_layout(requested: SFTLayout, policy: Policy) -> Layout:
             assert_never(requested)
 
 
+def teacher_success(demos: Sequence[Demonstration]) -> float | None:
+    """The scored demonstrations' success rate (None when none is scored), logged with their count."""
+    scored = [d.succeeds for d in demos if d.succeeds is not None]
+    rate = sum(scored) / len(scored) if scored else None
+    logger.info("demonstrations", demos=len(demos), teacher_success=rate)
+    return rate
+
+
 class SFTStage:
     """Supervised fine-tuning with its own optimizer, schedule and metrics (`sft/*`).
 
@@ -286,6 +295,20 @@ class SFTStage:
         self.order: list[int] = []
         self.step = 0
         self.epoch = 0
+
+    @classmethod
+    def from_demonstrations(
+        cls,
+        policy: Policy,
+        demos: Sequence[Demonstration],
+        tasks: IndexedTasks,
+        env: Environment,
+        config: Config,
+    ) -> SFTStage:
+        """The stage on ``demos`` rendered as the environment renders each task (`render_demonstrations`)."""
+        end_of_turn = end_of_turn_ids(policy.tokenizer, policy.model)
+        examples = render_demonstrations(policy.tokenizer, demos, tasks, env, end_of_turn=end_of_turn)
+        return cls(policy=policy, sft=config.sft, optim=config.optim, examples=examples, seed=config.run.seed)
 
     @property
     def total_steps(self) -> int:
