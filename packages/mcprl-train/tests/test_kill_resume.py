@@ -12,28 +12,13 @@ import json
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
+from train_testkit import demo_tasks
 
-import mcprl_tasks
 from mcprl_train.run.kill_resume import kill_and_resume, run_differences, train_command
 
 pytestmark = pytest.mark.slow
-
-
-def demo_tasks(path: Path, per_family: int = 1) -> Path:
-    """``per_family`` train tasks of each demo family."""
-    train, _ = mcprl_tasks.load_preset("demo")
-    counts: dict[str, int] = {}
-    tasks: list[dict[str, Any]] = []
-    for task in mcprl_tasks.read_tasks(train):
-        family = task["metadata"]["family"]
-        if counts.get(family, 0) < per_family:
-            counts[family] = counts.get(family, 0) + 1
-            tasks.append(task)
-    path.write_text(json.dumps(tasks))
-    return path
 
 
 def short_run(root: Path, name: str, tasks: Path, *, steps: int = 3) -> list[str]:
@@ -80,7 +65,7 @@ def straight_run(root: Path, tasks: Path, *, steps: int = 3) -> tuple[Path, floa
 
 @pytest.mark.timeout(2700)  # about 3 min on an idle machine; 15 min and more on a shared one at load 20
 def test_a_run_killed_at_random_points_and_resumed_equals_the_uninterrupted_run(tmp_path: Path) -> None:
-    tasks = demo_tasks(tmp_path / "tasks.json")
+    tasks = demo_tasks(tmp_path / "tasks.json", 1)
     root = tmp_path / "runs"
     straight, run_s = straight_run(root, tasks)
     calls = sum(

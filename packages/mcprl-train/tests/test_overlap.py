@@ -5,15 +5,14 @@ The runs use the demo's real stdio MCP servers (finance, calculator, messaging) 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 import torch
+from train_testkit import demo_tasks
 
-import mcprl_tasks
 from mcprl_policy import Policy
 from mcprl_train.config import Config
 from mcprl_train.errors import ConfigError, InvalidRateError
@@ -21,21 +20,6 @@ from mcprl_train.loop.overlap import CollectedStep, learn_while_collecting
 from mcprl_train.loop.snapshot import SamplingSnapshot
 from mcprl_train.loop.trainer import Trainer
 from mcprl_train.run.run_dir import RunDir
-
-
-def demo_tasks(tmp_path: Path, per_family: int = 2) -> Path:
-    """``per_family`` train tasks of each demo family (finance, calculator and messaging servers)."""
-    train, _ = mcprl_tasks.load_preset("demo")
-    counts: dict[str, int] = {}
-    tasks: list[dict[str, Any]] = []
-    for task in mcprl_tasks.read_tasks(train):
-        family = task["metadata"]["family"]
-        if counts.get(family, 0) < per_family:
-            counts[family] = counts.get(family, 0) + 1
-            tasks.append(task)
-    path = tmp_path / "tasks.json"
-    path.write_text(json.dumps(tasks))
-    return path
 
 
 def overlapped(tmp_path: Path, name: str, tasks: Path, *extra: str) -> Config:
@@ -254,7 +238,7 @@ def sampled_logprob_gap(trainer: Trainer, weights: list[torch.Tensor], episode: 
 
 @pytest.mark.slow
 def test_an_overlapped_run_samples_each_step_from_the_weights_one_update_behind(tmp_path: Path) -> None:
-    tasks = demo_tasks(tmp_path)
+    tasks = demo_tasks(tmp_path / "tasks.json", 2)
     config = overlapped(tmp_path, "overlap", tasks)
     weights = Weights()
     trainer = Trainer(config, RunDir.create(config), hooks=(weights,))
@@ -312,7 +296,7 @@ def episodes_after(run: Path, step: int) -> dict[tuple[int, str], dict[str, Any]
 @pytest.mark.slow
 def test_a_resumed_overlapped_run_equals_the_uninterrupted_overlapped_run(tmp_path: Path) -> None:
     """Checkpoint at step 2 (drained: nothing in flight); step 4 is collected beside step 3's update."""
-    tasks = demo_tasks(tmp_path)
+    tasks = demo_tasks(tmp_path / "tasks.json", 2)
     extra = ("run.checkpoint_every=2", "eval.every=0")
     straight = overlapped(tmp_path, "straight", tasks, *extra)
     Trainer(straight, RunDir.create(straight)).run()

@@ -9,7 +9,6 @@ on every token and reward, and on logprobs and metrics to ~1e-6 rather than bit 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -21,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from train_testkit import demo_tasks
 
-import mcprl_tasks
 from mcprl_train.config import Config
 from mcprl_train.loop.trainer import Trainer
 from mcprl_train.run.run_dir import RunDir
@@ -35,21 +34,6 @@ TIMING = ("run", "time", "time/", "perf/", "wall_s")
 
 def is_timing(key: str) -> bool:
     return key.startswith(TIMING) or key.endswith("_ms")
-
-
-def demo_tasks(tmp_path: Path, per_family: int = 2) -> Path:
-    """``per_family`` train tasks of each demo family (finance, calculator and messaging servers)."""
-    train, _ = mcprl_tasks.load_preset("demo")
-    counts: dict[str, int] = {}
-    tasks: list[dict[str, Any]] = []
-    for task in mcprl_tasks.read_tasks(train):
-        family = task["metadata"]["family"]
-        if counts.get(family, 0) < per_family:
-            counts[family] = counts.get(family, 0) + 1
-            tasks.append(task)
-    path = tmp_path / "tasks.json"
-    path.write_text(json.dumps(tasks))
-    return path
 
 
 def overrides(tmp_path: Path, name: str, tasks: Path) -> list[str]:
@@ -139,7 +123,7 @@ def resume(tmp_path: Path, tasks: Path, run: Path, *extra: str) -> None:
 def test_two_continuations_of_a_checkpoint_and_the_uninterrupted_run_agree_bit_for_bit(
     tmp_path: Path,
 ) -> None:
-    tasks = demo_tasks(tmp_path)
+    tasks = demo_tasks(tmp_path / "tasks.json", 2)
     straight = Config.load("cpu", overrides=overrides(tmp_path, "straight", tasks))
     Trainer(straight, RunDir.create(straight)).run()
     first = cut_run(tmp_path, tasks, "cut")
@@ -153,7 +137,7 @@ def test_two_continuations_of_a_checkpoint_and_the_uninterrupted_run_agree_bit_f
 
 def test_a_continuation_that_batches_differently_samples_the_same_tokens(tmp_path: Path) -> None:
     """One request per forward pass instead of up to 128 with a 5 ms wait: other batches, other padding."""
-    tasks = demo_tasks(tmp_path)
+    tasks = demo_tasks(tmp_path / "tasks.json", 2)
     first = cut_run(tmp_path, tasks, "cut")
     second = tmp_path / "runs" / "cut-copy"
     shutil.copytree(first, second)
@@ -203,7 +187,7 @@ def _step_logged(run: Path, step: int) -> bool:
 def test_a_run_killed_with_sigkill_and_resumed_equals_the_uninterrupted_run(
     tmp_path: Path, kill_when: str
 ) -> None:
-    tasks = demo_tasks(tmp_path)
+    tasks = demo_tasks(tmp_path / "tasks.json", 2)
     env = dict(os.environ)
     straight = subprocess.run(
         _cli(tmp_path, "straight", tasks), env=env, capture_output=True, text=True, timeout=900, check=False

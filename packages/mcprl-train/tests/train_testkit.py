@@ -3,14 +3,17 @@ groups for the learner, and the `plan` command run with no way to reach the hub.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
+import mcprl_tasks
 from mcprl_env import Episode, EpisodeGroup, Task
 from mcprl_policy import Policy
 from mcprl_train.typed_torch import tensor_list
@@ -86,3 +89,18 @@ def plan_cli(tmp_path: Path, *args: str, columns: int = 160) -> subprocess.Compl
         timeout=300,
         check=False,
     )
+
+
+def demo_tasks(path: Path, per_family: int) -> Path:
+    """The first ``per_family`` train tasks of each demo family (finance, calculator and messaging servers),
+    written to the task file ``path``."""
+    train, _ = mcprl_tasks.load_preset("demo")
+    counts: dict[str, int] = {}
+    tasks: list[dict[str, Any]] = []
+    for task in mcprl_tasks.read_tasks(train):
+        family = task["metadata"]["family"]
+        if counts.get(family, 0) < per_family:
+            counts[family] = counts.get(family, 0) + 1
+            tasks.append(task)
+    path.write_text(json.dumps(tasks))
+    return path
