@@ -24,7 +24,8 @@ from types import ModuleType
 
 from results_md import replace_section
 
-from mcprl_train.run.kill_resume import Kill, kill_and_resume, run_differences, train_command
+from mcprl_train.run.compare import run_differences
+from mcprl_train.run.kill_resume import Kill, kill_and_resume, train_command
 
 SECTION = "## random SIGKILL and resume (issue 18)"
 _TEST = Path(__file__).resolve().parents[1] / "packages/mcprl-train/tests/test_kill_resume.py"

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from train_testkit import demo_tasks
 
-from mcprl_train.run.kill_resume import kill_and_resume, run_differences, train_command
+from mcprl_train.run.compare import run_differences
+from mcprl_train.run.kill_resume import kill_and_resume, train_command
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from mcprl_train.config import Config
-from mcprl_train.run.kill_resume import landed_phase, run_differences
+from mcprl_train.run.compare import run_differences
+from mcprl_train.run.kill_resume import landed_phase
 from mcprl_train.run.run_dir import RunDir
 
 

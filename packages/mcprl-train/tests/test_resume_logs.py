@@ -16,7 +16,7 @@ from mcprl_train.config import Config
 from mcprl_train.loop.collection import tool_step_metrics
 from mcprl_train.loop.rollouts import Rollouts
 from mcprl_train.loop.trainer import Trainer
-from mcprl_train.run.kill_resume import run_differences
+from mcprl_train.run.compare import run_differences
 from mcprl_train.run.run_dir import RunDir
 from mcprl_train.run.sinks import MetricKind, Record, SinkGroup
 
