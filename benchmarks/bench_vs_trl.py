@@ -177,12 +177,7 @@ async def evaluate_dirs(config_run: Path, models: list[Path]) -> list[float]:
     run_dir = RunDir.open(config_run)
     config = run_dir.load_config()
     assert config.tasks.validation is not None
-    tasks = build.first_tasks(
-        build.load_task_source(
-            config.tasks.validation, name="validation", checker=build.default_checker(config)
-        ),
-        config.eval.n_tasks,
-    )
+    tasks = build.validation_tasks(config, checker=build.default_checker(config))
     rates = []
     async with tool_manager(config, run_dir.path) as manager:
         for model in models:
