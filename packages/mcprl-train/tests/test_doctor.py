@@ -118,6 +118,7 @@ def test_a_cuda_profile_on_a_cpu_machine_fails_the_device_check(tmp_path: Path) 
     [device] = _by_category(results, "devices")
     assert not device.ok
     assert "needs 2 CUDA device(s)" in device.fix
+    assert "torch threads, load" in device.detail
 
 
 def _tokenizer_only_model(tmp_path: Path, template: str) -> Path:

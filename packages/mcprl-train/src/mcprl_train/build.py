@@ -28,6 +28,15 @@ TaskData: TypeAlias = "tuple[TaskSet, list[Task]]"
 logger = structlog.get_logger()
 
 
+def resolve_device(device: str) -> str:
+    """``model.device`` with ``auto`` resolved (cuda > mps > cpu); other values as given."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+
+
 def build_policy(config: Config, *, source: str | None = None) -> Policy:
     """The trainable policy (model + tokenizer + optional value head) from `config.model` / `config.lora`.
 
@@ -37,13 +46,7 @@ def build_policy(config: Config, *, source: str | None = None) -> Policy:
     """
     from mcprl_policy import Policy
 
-    device = config.model.device
-    if device == "auto":
-        import torch
-
-        device = (
-            "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-        )
+    device = resolve_device(config.model.device)
     policy = Policy.from_pretrained(
         source or config.model.name,
         value_head=config.model.value_head,

@@ -33,6 +33,7 @@ from rich.table import Table
 
 from mcprl_train import build
 from mcprl_train.config import Config, InlineServers, OfflineServers, ServersFile
+from mcprl_train.cpu_threads import ThreadLoad
 from mcprl_train.model_checks import CheckResult, check_model
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ def _devices(config: Config) -> Iterator[CheckResult]:
     device = config.model.device.partition(":")[0]
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     mps = bool(torch.backends.mps.is_available())
-    found = f"cuda devices: {cuda}, mps: {'yes' if mps else 'no'}, cpu threads: {torch.get_num_threads()}"
+    found = f"cuda devices: {cuda}, mps: {'yes' if mps else 'no'}, cpu: {ThreadLoad.measure().describe()}"
     match device:
         case "cuda":
             need = config.distributed.num_gpus if config.distributed.backend == "deepspeed" else 1

@@ -121,7 +121,8 @@ def run_training(
     """
     import structlog
 
-    from mcprl_train import collectives
+    from mcprl_train import build, collectives
+    from mcprl_train.cpu_threads import ThreadLoad
     from mcprl_train.loop.trainer import Trainer
     from mcprl_train.run.plots import write_plots
     from mcprl_train.run.tracking import Tracker, configure_logging
@@ -135,6 +136,9 @@ def run_training(
         structlog.get_logger().info(
             "rank_started", world_size=collectives.world_size(), device=config.model.device
         )
+    threads = ThreadLoad.measure()
+    if build.resolve_device(config.model.device) == "cpu" and threads.contended:
+        structlog.get_logger().warning("cpu_threads_contended", detail=threads.describe())
     tracker = Tracker(config, run_dir).start() if main else None
     try:
         trainer = Trainer(
