@@ -34,27 +34,14 @@ def encode_message(message: SessionMessage) -> bytes:
     return (data + "\n").encode()
 
 
-class EncodingWriteStream:
-    """The write side handed to the SDK: encodes in the sender's task, so an unencodable message fails
-    that one request (the SDK's dispatcher forgets it) instead of killing the task that writes the wire.
+class _StreamProxy:
+    """A transport stream passed through: attributes (``last_context`` and friends), closing, ``async with``."""
 
-    With `forward_bytes`, the encoded bytes go on (stdio, whose writer only copies bytes); otherwise the
-    message itself goes on to the SDK's own transport, which encodes it again the same way.
-    """
-
-    def __init__(self, inner: Any, *, forward_bytes: bool) -> None:
+    def __init__(self, inner: Any) -> None:
         self._inner = inner
-        self._forward_bytes = forward_bytes
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
-
-    async def send(self, message: SessionMessage) -> None:
-        data = encode_message(message)
-        await self._inner.send(data if self._forward_bytes else message)
-
-    def close(self) -> None:
-        self._inner.close()
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -68,15 +55,32 @@ class EncodingWriteStream:
         await self.aclose()
 
 
-class _WatchedReadStream:
+class EncodingWriteStream(_StreamProxy):
+    """The write side handed to the SDK: encodes in the sender's task, so an unencodable message fails
+    that one request (the SDK's dispatcher forgets it) instead of killing the task that writes the wire.
+
+    With `forward_bytes`, the encoded bytes go on (stdio, whose writer only copies bytes); otherwise the
+    message itself goes on to the SDK's own transport, which encodes it again the same way.
+    """
+
+    def __init__(self, inner: Any, *, forward_bytes: bool) -> None:
+        super().__init__(inner)
+        self._forward_bytes = forward_bytes
+
+    async def send(self, message: SessionMessage) -> None:
+        data = encode_message(message)
+        await self._inner.send(data if self._forward_bytes else message)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _WatchedReadStream(_StreamProxy):
     """Wraps a transport's read stream and reports end-of-stream (the server went away)."""
 
     def __init__(self, inner: Any, on_eof: Callable[[], None]) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._on_eof = on_eof
-
-    def __getattr__(self, name: str) -> Any:  # last_context and friends
-        return getattr(self._inner, name)
 
     async def receive(self) -> Any:
         try:
@@ -93,17 +97,6 @@ class _WatchedReadStream:
             return await self.receive()
         except anyio.EndOfStream:
             raise StopAsyncIteration from None
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 @asynccontextmanager
