@@ -1,5 +1,6 @@
 """Multi-turn environment: tasks, tool-call parsing, token-exact episodes, reward shaping."""
 
+from mcprl_env.access import ToolAccess
 from mcprl_env.checkers import CheckResult, check_outcome, extract_number, normalize_text
 from mcprl_env.config import DEFAULT_REWARD_WEIGHTS, EnvConfig, RewardConfig
 from mcprl_env.environment import Environment, episode_id_for, group_id_for
@@ -35,7 +36,7 @@ from mcprl_env.parsing import (
 )
 from mcprl_env.protocols import ChatTokenizer, Completion, Sampler, ToolCaller, ToolOutcome, ToolSpecLike
 from mcprl_env.rewards import RewardContext, RewardFunction, combine_rewards, register_reward_function
-from mcprl_env.rollout import ToolAccess, run_episode
+from mcprl_env.rollout import run_episode
 from mcprl_env.seeds import derive_seed, turn_seed
 from mcprl_env.tasks import (
     Checker,

@@ -8,11 +8,12 @@ from collections.abc import Callable, Iterable
 import anyio
 import attrs
 
+from mcprl_env.access import ToolAccess
 from mcprl_env.config import EnvConfig
 from mcprl_env.episode import Episode, EpisodeGroup
 from mcprl_env.parsing import ToolCallParser, resolve_parser
 from mcprl_env.protocols import ChatTokenizer, Sampler, ToolCaller
-from mcprl_env.rollout import ToolAccess, run_episode
+from mcprl_env.rollout import run_episode
 from mcprl_env.tasks import Task
 
 __all__ = ["Environment", "episode_id_for", "group_id_for"]

@@ -4,71 +4,39 @@
 (``valid=False``); only cancellation propagates. Model faults (malformed calls, unknown tools, invalid
 arguments, tool errors) become tool observations and are counted; infrastructure errors end the episode
 invalid, and so does a stateful server restarting under the episode (`SessionWatch`); budget stops end
-it with an explicit stop reason.
+it with an explicit stop reason. A turn's tool calls are run by `mcprl_env.tool_turn`; the tools a task
+may use are `mcprl_env.access.ToolAccess` (re-exported here).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import anyio
 import attrs
 import structlog
 
+from mcprl_env.access import ToolAccess
 from mcprl_env.checkers import check_outcome
 from mcprl_env.config import EnvConfig
 from mcprl_env.episode import Episode
-from mcprl_env.errors import CheckerInfraError, TemplateDriftError, ToolCallParseError, UserCodeError
-from mcprl_env.finished import FinishedEpisode, ToolCallRecord
-from mcprl_env.metrics import MODEL_FAULT_TOOL_ERRORS, EpisodeStats
-from mcprl_env.parsing import ParsedTurn, ToolCall, ToolCallParser
-from mcprl_env.protocols import ChatTokenizer, Sampler, ToolCaller, ToolOutcome
+from mcprl_env.errors import CheckerInfraError, TemplateDriftError, UserCodeError
+from mcprl_env.finished import FinishedEpisode
+from mcprl_env.metrics import EpisodeStats
+from mcprl_env.parsing import ParsedTurn, ToolCallParser
+from mcprl_env.protocols import ChatTokenizer, Sampler, ToolCaller
 from mcprl_env.rewards import RewardContext, combine_rewards, user_reward_values
 from mcprl_env.seeds import turn_seed
 from mcprl_env.sessions import SessionWatch
 from mcprl_env.tasks import Task
+from mcprl_env.tool_turn import CallsAborted, ToolTurns
 from mcprl_env.transcript import Transcript
 
 __all__ = ["ToolAccess", "run_episode"]
 
 log = structlog.get_logger()
-
-
-@attrs.frozen(kw_only=True)
-class ToolAccess:
-    """The tools one task may use.
-
-    Attributes:
-        schemas: Chat-template schemas rendered into the prompt.
-        callable_names: Names a call may use (exposed names and ``server.tool`` forms).
-    """
-
-    schemas: tuple[dict[str, Any], ...]
-    callable_names: frozenset[str]
-
-    @classmethod
-    def for_task(cls, manager: ToolCaller, task: Task) -> ToolAccess:
-        """Tools of ``task.servers`` (all servers when None), filtered by ``task.tools``."""
-        servers = set(task.servers) if task.servers is not None else None
-        allowed: set[str] = set()
-        names: set[str] = set()
-        for spec in manager.tools:
-            if servers is not None and spec.server not in servers:
-                continue
-            qualified = f"{spec.server}.{spec.tool}"
-            if task.tools is None or spec.name in task.tools or qualified in task.tools:
-                allowed.add(spec.name)
-                names.update((spec.name, qualified))
-        if task.tools is not None:
-            missing = sorted(set(task.tools) - names)
-            if missing:
-                raise ValueError(f"task {task.id!r} allows tools that no server offers: {missing}")
-        schemas = manager.tool_schemas(list(task.servers) if task.servers is not None else None)
-        kept = tuple(s for s in schemas if s.get("function", {}).get("name") in allowed)
-        return cls(schemas=kept, callable_names=frozenset(names))
 
 
 @attrs.frozen
@@ -107,8 +75,13 @@ class _Rollout:
             tokenizer, on_drift=config.on_template_drift, template_kwargs=config.template_kwargs()
         )
         self.answer: str | None = None
-        self.consecutive_invalid = 0
-        self.calls: list[ToolCallRecord] = []
+        self.tool_turns = ToolTurns(
+            sessions=self.sessions,
+            tokenizer=tokenizer,
+            config=config,
+            stats=self.stats,
+            episode_id=episode_id,
+        )
 
     @property
     def access(self) -> ToolAccess:
@@ -154,10 +127,10 @@ class _Rollout:
             return _Stop("max_turns")
         if self.stats.tool_calls > self.config.max_tool_calls:
             return _Stop("max_tool_calls")
-        observations = await self.execute(parsed.items)
-        if isinstance(observations, _Stop):
-            return observations
-        if self.consecutive_invalid >= self.config.max_consecutive_invalid:
+        observations = await self.tool_turns.execute(parsed.items, self.access)
+        if isinstance(observations, CallsAborted):
+            return _Stop(observations.reason, valid=False, error=observations.error)
+        if self.tool_turns.consecutive_invalid >= self.config.max_consecutive_invalid:
             return _Stop("consecutive_invalid")
         suffix = self.transcript.env_suffix(observations)
         if (
@@ -168,90 +141,6 @@ class _Rollout:
         self.transcript.commit_env(suffix)
         return None
 
-    async def execute(self, items: Sequence[ToolCall | ToolCallParseError]) -> list[dict[str, Any]] | _Stop:
-        texts: list[str] = [""] * len(items)
-        names: list[str] = ["invalid_call"] * len(items)
-        pending: list[tuple[int, ToolCall]] = []
-        rejected: dict[int, str] = {}
-        valid_calls = 0
-        for i, item in enumerate(items):
-            if isinstance(item, ToolCallParseError):
-                texts[i] = f"Error: invalid tool call ({item.kind}): {item.reason}"
-                rejected[i] = item.kind
-                continue
-            names[i] = item.name
-            if len(pending) >= self.config.max_calls_per_turn:
-                self.stats.tool_errors["too_many_calls"] += 1
-                rejected[i] = "too_many_calls"
-                texts[i] = f"Error: more than {self.config.max_calls_per_turn} calls in one turn; not run."
-            elif item.name not in self.access.callable_names:
-                self.stats.tool_errors["unknown_tool"] += 1
-                rejected[i] = "unknown_tool"
-                known = ", ".join(s["function"]["name"] for s in self.access.schemas)
-                texts[i] = f"Error: unknown tool {item.name!r}. Available tools: {known}"
-            else:
-                pending.append((i, item))
-        results: dict[int, ToolOutcome] = {}
-
-        async def call(i: int, tool_call: ToolCall) -> None:
-            results[i] = await self.manager.call(
-                tool_call.name, tool_call.arguments, episode_id=self.episode_id
-            )
-
-        async with anyio.create_task_group() as tg:
-            for i, tool_call in pending:
-                tg.start_soon(call, i, tool_call)
-        if self.sessions.restart is not None:
-            return _Stop("server_restarted", valid=False, error=self.sessions.restart)
-        for i, _ in pending:
-            result = results[i]
-            if result.kind == "infra_error":
-                self.stats.infra_errors += 1
-                return _Stop(
-                    "infra_error", valid=False, error=f"{names[i]}: {result.error_type}: {result.text}"
-                )
-            if result.kind == "ok":
-                self.stats.tool_calls_ok += 1
-                valid_calls += 1
-            else:
-                kind = result.error_type or "tool_error"
-                self.stats.tool_errors[kind] += 1
-                valid_calls += int(kind not in MODEL_FAULT_TOOL_ERRORS)
-            texts[i] = self.truncate(result.text, already_truncated=result.truncated)
-        if valid_calls == 0:
-            self.stats.invalid_turns += 1
-            self.consecutive_invalid += 1
-        else:
-            self.consecutive_invalid = 0
-        self.record_calls(items, results, rejected, texts)
-        return [{"role": "tool", "name": names[i], "content": texts[i]} for i in range(len(items))]
-
-    def record_calls(
-        self,
-        items: Sequence[ToolCall | ToolCallParseError],
-        results: dict[int, ToolOutcome],
-        rejected: dict[int, str],
-        texts: list[str],
-    ) -> None:
-        """Keep what user checkers and reward functions see of this turn's calls (`FinishedEpisode.tool_calls`)."""
-        for i, item in enumerate(items):
-            name, arguments = (
-                ("", {}) if isinstance(item, ToolCallParseError) else (item.name, item.arguments)
-            )
-            if i in results:
-                self.calls.append(ToolCallRecord.of(self.stats.turns, name, arguments, results[i], texts[i]))
-            else:
-                self.calls.append(
-                    ToolCallRecord(
-                        turn=self.stats.turns,
-                        name=name,
-                        arguments=arguments,
-                        ok=False,
-                        error_type=rejected[i],
-                        result=texts[i],
-                    )
-                )
-
     def finished(self, reason: str, context: RewardContext | None = None) -> FinishedEpisode:
         """The episode as user code sees it."""
         return FinishedEpisode(
@@ -259,21 +148,11 @@ class _Rollout:
             episode_id=self.episode_id,
             messages=tuple(dict(m) for m in self.transcript.messages),
             answer=self.answer,
-            tool_calls=tuple(self.calls),
+            tool_calls=tuple(self.tool_turns.records),
             stop_reason=reason,
             manager=self.manager,
             context=context,
         )
-
-    def truncate(self, text: str, *, already_truncated: bool = False) -> str:
-        ids = self.tok.encode(text, add_special_tokens=False)
-        cap = self.config.max_tool_output_tokens
-        if len(ids) <= cap:
-            self.stats.truncated_outputs += int(already_truncated)
-            return text
-        self.stats.truncated_outputs += 1
-        shown = self.tok.decode(ids[:cap], skip_special_tokens=False)
-        return shown + self.config.truncation_marker.format(shown=cap, total=len(ids))
 
     async def finish(self, stop: _Stop, started: float) -> Episode:
         valid, error, success = stop.valid, stop.error, False

@@ -13,21 +13,13 @@ import anyio.abc
 import attrs
 import structlog
 
-from mcprl_tools._mcp import (
-    INVALID_PARAMS,
-    METHOD_NOT_FOUND,
-    Connection,
-    ConnectionLostError,
-    RemoteError,
-    UnsendableRequestError,
-)
+from mcprl_tools.call import call_server, failed_result
 from mcprl_tools.cassette import CassettePlayer, CassetteRecorder, EpisodeHistories
 from mcprl_tools.catalogue import build_catalogue, index_catalogue
 from mcprl_tools.config import ServerConfig, ServersConfig
 from mcprl_tools.errors import ManagerNotStartedError, ServerStartError
 from mcprl_tools.metrics import CallMetrics, StepWindow
-from mcprl_tools.output import truncate_text
-from mcprl_tools.results import ErrorType, ToolResult, ToolSpec
+from mcprl_tools.results import ToolResult, ToolSpec
 from mcprl_tools.server import ServerRunner
 from mcprl_tools.validation import ArgumentChecker, transport_problem
 
@@ -235,7 +227,7 @@ class ToolManager:
         start = time.perf_counter()
         spec = self._index.get(name)
         if spec is None:
-            result = self._fail(name, None, "unknown_tool", self._unknown_tool_text(name), start)
+            result = failed_result(name, None, "unknown_tool", self._unknown_tool_text(name), start)
         else:
             result = await self._call_spec(name, spec, arguments, episode_id, start)
         self._metrics.record(
@@ -252,33 +244,6 @@ class ToolManager:
         hint = f" Did you mean {near[0]!r}?" if near else ""
         return f"Unknown tool {name!r}.{hint} Available tools: {', '.join(t.name for t in self._tools)}"
 
-    def _fail(
-        self,
-        name: str,
-        server: str | None,
-        error_type: ErrorType,
-        text: str,
-        start: float,
-        generation: int | None = None,
-        stateful: bool = False,
-    ) -> ToolResult:
-        """A failed call's result; `generation` when the request reached that session of the server."""
-        kind = (
-            "tool_error"
-            if error_type in ("unknown_tool", "invalid_arguments", "tool_error")
-            else "infra_error"
-        )
-        return ToolResult(
-            kind=kind,
-            text=text,
-            name=name,
-            server=server,
-            error_type=error_type,
-            latency_s=time.perf_counter() - start,
-            generation=generation,
-            stateful=stateful,
-        )
-
     async def _call_spec(
         self,
         name: str,
@@ -292,123 +257,35 @@ class ToolManager:
             arguments = {}
         if not isinstance(arguments, Mapping):
             text = f"Invalid arguments for {name}: expected a JSON object, got {type(arguments).__name__}"
-            return self._fail(name, server, "invalid_arguments", text, start)
+            return failed_result(name, server, "invalid_arguments", text, start)
         cfg = self.config.servers.get(server)
         max_bytes = cfg.max_argument_bytes if cfg is not None else _DEFAULT_MAX_ARGUMENT_BYTES
         problem = transport_problem(arguments, max_bytes=max_bytes)
         if problem is not None:
             text = f"Invalid arguments for {name}: {problem}; nothing was sent to the tool"
-            return self._fail(name, server, "invalid_arguments", text, start)
+            return failed_result(name, server, "invalid_arguments", text, start)
         checker = self._checkers[spec.qualified_name]
         args = checker.normalise(arguments)
         problem = checker.error(args)
         if problem is not None:
-            return self._fail(
+            return failed_result(
                 name, server, "invalid_arguments", f"Invalid arguments for {name}: {problem}", start
             )
         if self._player is None and self._recorder is None:
-            return await self._call_server(name, spec, self._runners[server], args, episode_id, start)
+            return await call_server(
+                name, spec, self._runners[server], args, episode_id, start, step=self._step
+            )
         stateful = self._player.stateful.get(server, True) if self._player else cfg is None or cfg.stateful
         earlier, history = self._histories.advance(episode_id, server, spec.tool, args)
         key_history = history if stateful else None
         if self._player is not None:
             return self._player.serve(name, spec, args, key_history, episode_id, earlier)
-        result = await self._call_server(name, spec, self._runners[server], args, episode_id, start)
+        result = await call_server(
+            name, spec, self._runners[server], args, episode_id, start, step=self._step
+        )
         if self._recorder is not None:
             self._recorder.record(spec, args, key_history, episode_id, result)
         return result
-
-    async def _call_server(
-        self,
-        name: str,
-        spec: ToolSpec,
-        runner: ServerRunner,
-        args: dict[str, Any],
-        episode_id: str | None,
-        start: float,
-    ) -> ToolResult:
-        cfg = runner.cfg
-        timeout = cfg.call_timeout
-        conn = await self._session(runner)
-        if conn is None:
-            return self._unavailable(name, runner, start)
-        if runner.catalogue_changed and cfg.on_catalogue_change == "refuse":
-            text = f"Tool {name} refused: the tool catalogue of server {cfg.name!r} changed since start"
-            return self._fail(name, cfg.name, "catalogue_changed", text, start)
-        queued = time.perf_counter()
-        async with runner.limiter:
-            self._step.queue_wait(cfg.name, time.perf_counter() - queued)
-            if runner.conn is not conn:
-                # The session this call queued for ended while it waited; its successor serves it instead.
-                conn = await self._session(runner)
-                if conn is None:
-                    return self._unavailable(name, runner, start)
-            generation = runner.generation
-            runner.inflight += 1
-            runner.inflight_max = max(runner.inflight_max, runner.inflight)
-            raw = None
-            try:
-                with anyio.move_on_after(timeout) as deadline:
-                    raw = await conn.call_tool(spec.tool, args, episode_id)
-            except ConnectionLostError as exc:
-                text = f"Tool {name} failed: server {cfg.name!r} crashed or closed the connection ({exc})"
-                return self._fail(name, cfg.name, "crashed", text, start, generation, cfg.stateful)
-            except UnsendableRequestError as exc:
-                # Only the model's arguments vary between requests, so what cannot be encoded is theirs.
-                text = (
-                    f"Invalid arguments for {name}: they cannot be encoded as JSON ({exc}); nothing was sent"
-                )
-                return self._fail(name, cfg.name, "invalid_arguments", text, start)
-            except RemoteError as exc:
-                if exc.code in (INVALID_PARAMS, METHOD_NOT_FOUND):
-                    return self._fail(
-                        name, cfg.name, "tool_error", f"Tool {name} error: {exc.message}", start
-                    )
-                runner.report_suspect()
-                return self._fail(
-                    name, cfg.name, "transport", f"Tool {name} failed: {exc}", start, generation, cfg.stateful
-                )
-            except Exception as exc:
-                # The call boundary: a transport fault of any type becomes an infra result, never a raise.
-                runner.report_suspect()
-                text = f"Tool {name} failed: transport error {type(exc).__name__}: {cfg.redact(str(exc))}"
-                return self._fail(name, cfg.name, "transport", text, start, generation, cfg.stateful)
-            finally:
-                runner.inflight -= 1
-        if raw is None or deadline.cancelled_caught:
-            runner.report_suspect()
-            text = f"Tool {name} timed out after {timeout:g} s"
-            return self._fail(name, cfg.name, "timeout", text, start, generation, cfg.stateful)
-        text, structured = raw.text, raw.structured
-        if cfg.secrets:
-            # A server must not hand its own credentials to the model, even by echoing them.
-            text, structured = cfg.redact(text), cfg.redact_json(structured)
-        text, truncated = truncate_text(text, cfg.output_cap_bytes)
-        return ToolResult(
-            kind="tool_error" if raw.is_error else "ok",
-            text=text,
-            structured=structured,
-            name=name,
-            server=cfg.name,
-            error_type="tool_error" if raw.is_error else None,
-            latency_s=time.perf_counter() - start,
-            truncated=truncated,
-            generation=generation,
-            stateful=cfg.stateful,
-        )
-
-    async def _session(self, runner: ServerRunner) -> Connection | None:
-        """The server's live session; a (re)starting server gets its start timeout to come up."""
-        if runner.state == "ready" and runner.conn is not None:
-            return runner.conn
-        with anyio.move_on_after(runner.cfg.start_timeout + runner.cfg.ping_timeout):
-            return await runner.wait_ready()
-        return None
-
-    def _unavailable(self, name: str, runner: ServerRunner, start: float) -> ToolResult:
-        detail = runner.last_error or runner.start_error or runner.state
-        text = f"Tool {name} unavailable: server {runner.cfg.name!r} is {runner.state} ({detail})"
-        return self._fail(name, runner.cfg.name, "unavailable", text, start)
 
     # -- health and metrics ---------------------------------------------------------------------------------
 

@@ -57,7 +57,14 @@ import torch
 
 from mcprl_train.errors import CheckpointError
 
-__all__ = ["Checkpoint", "CheckpointManager", "capture_rng_state", "fsync_dir", "restore_rng_state"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointManager",
+    "atomic_write",
+    "capture_rng_state",
+    "fsync_dir",
+    "restore_rng_state",
+]
 
 logger = structlog.get_logger()
 
@@ -214,10 +221,7 @@ class CheckpointManager:
         return f"{base}-r{revision}"
 
     def _point_latest(self, name: str, manifest_sha: str) -> None:
-        tmp = self.root / f".{LATEST}.tmp-{os.getpid()}"
-        _write_synced(tmp, f"{name} {manifest_sha}\n".encode())
-        os.replace(tmp, self.root / LATEST)
-        fsync_dir(self.root)
+        atomic_write(self.root / LATEST, f"{name} {manifest_sha}\n".encode())
 
     def _prune(self, newest: Path) -> None:
         complete = self.directories()
@@ -340,6 +344,18 @@ def _write_synced(path: Path, data: bytes) -> None:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old file or the new one, never a mix.
+
+    The data goes to a temp file beside ``path``, is fsynced, renamed over ``path`` (``os.replace``), and the
+    directory is fsynced so the rename itself survives a crash.
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    _write_synced(tmp, data)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:

@@ -48,7 +48,7 @@ import structlog
 
 from mcprl_train.config.layers import is_dict
 from mcprl_train.errors import RunDirError
-from mcprl_train.run.checkpoint import MANIFEST, Checkpoint, CheckpointManager, fsync_dir
+from mcprl_train.run.checkpoint import MANIFEST, Checkpoint, CheckpointManager, atomic_write, fsync_dir
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -207,7 +207,7 @@ class RunDir:
 
     def write_config(self, config: Config) -> Path:
         """Write ``config.yaml`` atomically (temp file + fsync + rename)."""
-        _atomic_write_text(self.config_path, config.to_yaml())
+        atomic_write(self.config_path, config.to_yaml().encode("utf-8"))
         return self.config_path
 
     def load_config(self) -> Config:
@@ -251,7 +251,7 @@ class RunDir:
 
     def write_summary(self, summary: Mapping[str, object]) -> None:
         """``summary.json``, written atomically (temp file + fsync + rename)."""
-        _atomic_write_text(self.summary_path, json.dumps(summary, indent=2) + "\n")
+        atomic_write(self.summary_path, (json.dumps(summary, indent=2) + "\n").encode("utf-8"))
 
     def _seen(self) -> set[tuple[str, int, str]]:
         if self._seen_episodes is None:
@@ -311,7 +311,7 @@ class RunDir:
                 logger.warning("corrupt_lines_skipped", file=str(path), lines=list(result.bad_lines))
             dropped[path.name] = len(result.records) - len(keep)
             if result.torn_line is not None or result.bad_lines or dropped[path.name]:
-                _atomic_write_text(path, "".join(_dump(r) for r in keep))
+                atomic_write(path, "".join(_dump(r) for r in keep).encode("utf-8"))
         self._seen_episodes = None
         report = RewindReport(step=step, torn_lines=torn, dropped=dropped)
         if not report.clean:
@@ -356,16 +356,6 @@ def _append_lines(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
         os.fsync(handle.fileno())
     if new:
         fsync_dir(path.parent)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def open_checkpoint(path: Path) -> tuple[RunDir, Checkpoint]:
