@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Final, Literal, assert_never
+from typing import Any, Final, Literal, assert_never
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -90,12 +90,7 @@ def qwen_tokenizer(gguf_file: Path, *, release: QwenRelease, chat_template: str)
     Raises:
         ModelLoadError: ``gguf`` is not installed, the file does not exist or is not the Qwen2 vocabulary.
     """
-    _require_gguf(gguf_file)
-    spec = json.loads(_gguf_tokenizer_json(gguf_file.resolve()))
-    vocab: dict[str, int] = spec["model"]["vocab"]
-    if vocab.get("<|endoftext|>") != QWEN_BPE_IDS or len(vocab) != QWEN_VOCAB_ROWS:
-        raise ModelLoadError(f"{gguf_file} is not the Qwen2 vocabulary ({len(vocab)} entries)")
-    spec["model"]["vocab"] = {token: i for token, i in vocab.items() if i < QWEN_BPE_IDS}
+    spec = _bpe_spec(gguf_file, "<|endoftext|>", QWEN_BPE_IDS, QWEN_VOCAB_ROWS, "Qwen2")
     spec["added_tokens"] = [
         {
             "id": QWEN_BPE_IDS + offset,
@@ -134,6 +129,17 @@ def _require_gguf(gguf_file: Path) -> None:
         ) from exc
     if not gguf_file.is_file():
         raise ModelLoadError(f"{gguf_file} does not exist: scripts/fetch-chat-templates.py caches it")
+
+
+def _bpe_spec(gguf_file: Path, first_special: str, bpe_ids: int, rows: int, name: str) -> dict[str, Any]:
+    """The gguf's tokenizer.json, checked to be ``name``'s vocabulary, with only the BPE ids ``[0, bpe_ids)``."""
+    _require_gguf(gguf_file)
+    spec = json.loads(_gguf_tokenizer_json(gguf_file.resolve()))
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    if vocab.get(first_special) != bpe_ids or len(vocab) != rows:
+        raise ModelLoadError(f"{gguf_file} is not the {name} vocabulary ({len(vocab)} entries)")
+    spec["model"]["vocab"] = {token: i for token, i in vocab.items() if i < bpe_ids}
+    return spec
 
 
 @functools.cache
@@ -206,12 +212,7 @@ def llama_tokenizer(gguf_file: Path, *, release: LlamaRelease, chat_template: st
     Raises:
         ModelLoadError: ``gguf`` is not installed, the file does not exist or is not the Llama 3 vocabulary.
     """
-    _require_gguf(gguf_file)
-    spec = json.loads(_gguf_tokenizer_json(gguf_file.resolve()))
-    vocab: dict[str, int] = spec["model"]["vocab"]
-    if vocab.get("<|begin_of_text|>") != LLAMA3_BPE_IDS or len(vocab) != LLAMA3_VOCAB_ROWS:
-        raise ModelLoadError(f"{gguf_file} is not the Llama 3 vocabulary ({len(vocab)} entries)")
-    spec["model"]["vocab"] = {token: i for token, i in vocab.items() if i < LLAMA3_BPE_IDS}
+    spec = _bpe_spec(gguf_file, "<|begin_of_text|>", LLAMA3_BPE_IDS, LLAMA3_VOCAB_ROWS, "Llama 3")
     spec["model"]["ignore_merges"] = True
     spec["added_tokens"] = [
         {
