@@ -30,6 +30,7 @@ from results_md import replace_section
 from mcprl_train.run.compare import max_logprob_gap, run_differences
 from mcprl_train.run.kill_resume import (
     Kill,
+    Segment,
     draw_schedule,
     kill_and_resume,
     reference_timeline,
@@ -111,15 +112,20 @@ def main() -> None:
                 wall_s=result.wall_s,
             )
         )
-        text = _section(rows, timeline_s=timeline[-1].start_s + timeline[-1].duration_s, load=load, args=args)
-        text += f"\nWall time in all (the uninterrupted run included): {time.monotonic() - t0:.0f} s; load "
+        text = _section(rows, timeline=timeline, load=load, args=args)
+        made = "reused, not included" if args.reuse_straight else "included"
+        text += f"\nWall time in all (the uninterrupted run {made}): {time.monotonic() - t0:.0f} s; load "
         text += f"{os.getloadavg()[0]:.1f} at the end.\n"
         print(text, flush=True)
         if args.write:  # after every run, so a long benchmark cut short keeps what it measured
             replace_section(text)
 
 
-def _section(rows: list[Row], *, timeline_s: float, load: float, args: argparse.Namespace) -> str:
+def _section(rows: list[Row], *, timeline: list[Segment], load: float, args: argparse.Namespace) -> str:
+    timeline_s = timeline[-1].start_s + timeline[-1].duration_s
+    spent: dict[str, float] = collections.defaultdict(float)
+    for segment in timeline:
+        spent[segment.mark.phase] += segment.duration_s
     kills = [k for r in rows for k in r.kills]
     aimed = collections.Counter(k.aimed_phase for k in kills)
     landed = collections.Counter(k.phase for k in kills)
@@ -128,7 +134,7 @@ def _section(rows: list[Row], *, timeline_s: float, load: float, args: argparse.
     command = (
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')} uv run python "
         f"benchmarks/bench_kill_resume.py --runs {args.runs} --kills {args.kills} --seed {args.seed}"
-        f"{'' if args.steps == 3 else f' --steps {args.steps}'}{' --reuse-straight' if args.reuse_straight else ''}"
+        f"{'' if args.steps == 3 else f' --steps {args.steps}'}{f' --work {args.work} --reuse-straight' if args.reuse_straight else ''}"
     )
     lines = [
         SECTION,
@@ -140,10 +146,10 @@ def _section(rows: list[Row], *, timeline_s: float, load: float, args: argparse.
         "after it announces point i's phase, or at once if it announces a later phase first (`overtaken`), then "
         "`--resume`. `landed in`: the killed attempt's last line of `phases.jsonl`.",
         "",
-        "| phase | kills aimed at it | kills landed in it |",
-        "|---|---|---|",
-        *(f"| {p} | {aimed[p]} | {landed[p]} |" for p in phases),
-        f"| **all** | **{len(kills)}** | **{len(kills)}** |",
+        "| phase | its time in the uninterrupted run | kills aimed at it | kills landed in it |",
+        "|---|---|---|---|",
+        *(f"| {p} | {spent[p]:.2f} s | {aimed[p]} | {landed[p]} |" for p in phases),
+        f"| **all** | **{timeline_s:.1f} s** | **{len(kills)}** | **{len(kills)}** |",
         "",
         f"Kills that cut a checkpoint write (its temporary directory half written): {in_writes}. Torn JSONL "
         f"lines: {sum(k.detail is not None and k.detail.startswith('torn') for k in kills)}. Overtaken points: "
