@@ -198,7 +198,7 @@ def kill_and_resume(
     logs: Path,
     timeout_s: float = 900.0,
 ) -> KillRun:
-    """Run ``command(resume)`` until it exits 0, SIGKILLing attempt ``i`` at ``schedule[i]``.
+    """Run ``command(resume)`` until it exits 0, SIGKILLing attempt ``i`` at ``schedule.points[i]``.
 
     Args:
         command: The argv of a new run (``False``) or of ``--resume`` (``True``).
