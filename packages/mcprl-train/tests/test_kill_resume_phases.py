@@ -49,6 +49,14 @@ def test_the_phase_log_writes_a_line_per_phase_change_and_none_for_the_same_phas
     PhaseLog(None).announce("startup", _At())  # another rank: nothing written, nothing raised
 
 
+def test_two_checkpoints_in_a_row_of_other_stages_are_two_phases(tmp_path: Path) -> None:
+    """``run.steps=0`` after a warm start: the GRPO stage's checkpoint, then at once the finished run's."""
+    log = PhaseLog(tmp_path / PHASES_FILE)
+    log.announce("checkpoint", _At("grpo", 0, 30))
+    log.announce("checkpoint", _At("done", 0, 30))
+    assert [m.stage for m in read_phases(tmp_path / PHASES_FILE)] == ["grpo", "done"]
+
+
 def test_a_torn_phase_line_is_left_out_and_an_unknown_phase_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / PHASES_FILE
     log = PhaseLog(path)

@@ -89,24 +89,26 @@ class PhaseLog:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.current: Phase | None = None
+        self.current: tuple[Phase, str, int] | None = None
 
     def announce(
         self, phase: Phase, position: Position, *, step: int | None = None, tag: str | None = None
     ) -> None:
-        """Record the start of ``phase`` at ``position``; nothing when it is the phase already under way.
+        """Record the start of ``phase`` at ``position``; nothing when it is the phase already under way (the
+        same phase of the same stage and GRPO step: the warm start announces itself before each SFT step).
 
         Args:
             step: The GRPO step the phase works on, when it is not ``position.step`` (a step's collection and
                 update happen before the trainer counts the step as done).
         """
-        if phase == self.current or self.path is None:
+        step = position.step if step is None else step
+        if (phase, position.stage, step) == self.current or self.path is None:
             return
-        self.current = phase
+        self.current = (phase, position.stage, step)
         line = {
             "phase": phase,
             "stage": position.stage,
-            "step": position.step if step is None else step,
+            "step": step,
             "sft_step": position.sft_step,
             "tag": tag,
             "time": time.time(),
