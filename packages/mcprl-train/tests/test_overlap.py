@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 import torch
-from train_testkit import demo_tasks
+from train_testkit import demo_tasks, tiny_demo_run
 
 from mcprl_policy import Policy
 from mcprl_train.config import Config
@@ -26,32 +26,15 @@ def overlapped(tmp_path: Path, name: str, tasks: Path, *extra: str) -> Config:
     return Config.load(
         "cpu",
         overrides=[
-            f"run.name={name}",
-            f"run.output_dir={tmp_path / 'runs'}",
-            "run.steps=4",
+            *tiny_demo_run(tmp_path / "runs", name, tasks, steps=4),
             "run.checkpoint_every=0",
-            "run.seed=5",
-            f"tasks.train={tasks}",
-            f"tasks.validation={tasks}",
-            "sft.enabled=true",
-            "sft.steps=4",
-            "sft.demos=8",
-            "sft.batch_size=4",
-            "sft.teacher_noise=0.3",
-            "grpo.group_size=2",
-            "grpo.tasks_per_step=4",
             "grpo.filter_zero_std=true",
             "grpo.backfill_rounds=1",
             "grpo.entropy_coef=0.05",  # every update moves the weights, even when every group ties
-            "env.max_new_tokens_per_turn=48",
-            "env.max_turns_by_difficulty={easy: 3, medium: 3, hard: 3}",
-            "collection.max_concurrent_episodes=16",
             "collection.overlap=true",
             "eval.every=2",
             "eval.n_tasks=6",
             "optim.lr=1e-2",
-            "optim.warmup_steps=0",
-            "tracking.progress=false",
             *extra,
         ],
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_testkit import demo_tasks
+from train_testkit import CHECKPOINT_EVERY_STEP, demo_tasks, tiny_demo_run
 
 from mcprl_train.config import Config
 from mcprl_train.loop.trainer import Trainer
@@ -37,33 +37,7 @@ def is_timing(key: str) -> bool:
 
 
 def overrides(tmp_path: Path, name: str, tasks: Path) -> list[str]:
-    return [
-        f"run.name={name}",
-        f"run.output_dir={tmp_path / 'runs'}",
-        "run.steps=3",
-        "run.checkpoint_every=1",
-        "run.seed=5",
-        f"tasks.train={tasks}",
-        f"tasks.validation={tasks}",
-        "sft.enabled=true",
-        "sft.steps=4",
-        "sft.demos=8",
-        "sft.batch_size=4",
-        "sft.teacher_noise=0.3",
-        "grpo.group_size=2",
-        "grpo.tasks_per_step=4",
-        "grpo.ppo_epochs=1",
-        "grpo.minibatches=2",
-        "grpo.filter_zero_std=false",
-        "env.max_new_tokens_per_turn=48",
-        "env.max_turns_by_difficulty={easy: 3, medium: 3, hard: 3}",
-        "collection.max_concurrent_episodes=16",
-        "eval.every=0",
-        "optim.lr=1e-3",
-        "optim.warmup_steps=0",
-        "tracking.progress=false",
-        "env.template_date=2026-01-01",  # runs either side of midnight render the same system prompt
-    ]
+    return [*tiny_demo_run(tmp_path / "runs", name, tasks, steps=3), *CHECKPOINT_EVERY_STEP]
 
 
 class Interrupted(Exception):

@@ -1,5 +1,6 @@
 """What several test modules of mcprl-train (and the GPU tests in the root tests/gpu/) share: synthetic episode
-groups for the learner, and the `plan` command run with no way to reach the hub."""
+groups for the learner, the `plan` command run with no way to reach the hub, and the short runs on the demo's
+servers (`demo_tasks`, `tiny_demo_run`)."""
 
 from __future__ import annotations
 
@@ -104,3 +105,44 @@ def demo_tasks(path: Path, per_family: int) -> Path:
             tasks.append(task)
     path.write_text(json.dumps(tasks))
     return path
+
+
+def tiny_demo_run(root: Path, name: str, tasks: Path, *, steps: int) -> list[str]:
+    """The ``--set`` list of a short run of the tiny model on the demo's real stdio servers: run ``name`` under
+    ``root``, ``steps`` GRPO steps of 4 tasks x 2 episodes on ``tasks`` (validated on them too), a 4-step warm
+    start on 8 noisy demonstrations, 16 episodes at a time, turns of at most 48 tokens, 3 turns per episode, the
+    system prompt's date pinned (a run resumed after midnight renders the same prompt). A test appends what it
+    changes (later settings win)."""
+    return [
+        f"run.name={name}",
+        f"run.output_dir={root}",
+        f"run.steps={steps}",
+        "run.seed=5",
+        f"tasks.train={tasks}",
+        f"tasks.validation={tasks}",
+        "sft.enabled=true",
+        "sft.steps=4",
+        "sft.demos=8",
+        "sft.batch_size=4",
+        "sft.teacher_noise=0.3",
+        "grpo.group_size=2",
+        "grpo.tasks_per_step=4",
+        "env.max_new_tokens_per_turn=48",
+        "env.max_turns_by_difficulty={easy: 3, medium: 3, hard: 3}",
+        "env.template_date=2026-01-01",
+        "collection.max_concurrent_episodes=16",
+        "optim.warmup_steps=0",
+        "tracking.progress=false",
+    ]
+
+
+CHECKPOINT_EVERY_STEP = (
+    "run.checkpoint_every=1",
+    "grpo.ppo_epochs=1",
+    "grpo.minibatches=2",
+    "grpo.filter_zero_std=false",
+    "eval.every=0",
+    "optim.lr=1e-3",
+)
+"""`tiny_demo_run`'s settings for the resume checks: a checkpoint after every step, one epoch of two
+minibatches over every group (none filtered), no periodic evaluation."""

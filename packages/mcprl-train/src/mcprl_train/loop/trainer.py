@@ -33,6 +33,7 @@ from mcprl_train.loop.task_stream import TaskStream
 from mcprl_train.loop.update import UpdateBackend
 from mcprl_train.loop.warm_start import SFTStage, teacher_success
 from mcprl_train.run.checkpoint import Checkpoint
+from mcprl_train.run.phases import PHASES_FILE, PhaseLog
 from mcprl_train.run.progress import RunProgress
 from mcprl_train.run.ranks import write_rank_record
 from mcprl_train.run.run_dir import RunDir
@@ -103,6 +104,7 @@ class Trainer:
         self.restored_from: str | None = None
         self.clock = time.perf_counter()
         self.teacher_success: float | None = None
+        self.phases = PhaseLog(run_dir.path / PHASES_FILE if self.is_writer else None)
 
     @property
     def sampler(self) -> PolicySampler:
@@ -128,6 +130,7 @@ class Trainer:
         from mcprl_train.cassettes import tool_manager
 
         cfg = self.config
+        self.phases.announce("startup", self.state)
         seed_everything(cfg.run.seed)
         if (warning := build.tiny_profile_warning(cfg)) is not None:
             logger.warning("profile_made_for_the_tiny_model", detail=warning)
@@ -220,6 +223,7 @@ class Trainer:
                     "sft_time_budget_reached", sft_step=self.state.sft_step, max_time_s=cfg.max_time_s
                 )
                 break
+            self.phases.announce("warm_start", self.state)
             metrics = self.sft.train_step()
             self.state.sft_step = self.sft.step
             metrics["time/elapsed_s"] = self.elapsed()
@@ -249,6 +253,7 @@ class Trainer:
         self.pending = None
         if ready is None:
             self.emit("before_rollout")
+            self.phases.announce("collection", self.state, step=step)
             ready = await self.collect(step)
             self.emit("after_rollout")
         self.last_step_tasks = ready.task_ids
@@ -257,6 +262,7 @@ class Trainer:
         prefetch = cfg.collection.overlap and step < cfg.run.steps and not (every and step % every == 0)
         self.progress.work_done()
         learner = self.learner
+        self.phases.announce("update_and_collection" if prefetch else "update", self.state, step=step)
         learned, self.pending = await learn_while_collecting(
             lambda: learn_step(learner, ready.samples, step),
             (lambda: self.collect(step + 1)) if prefetch else None,
@@ -270,6 +276,7 @@ class Trainer:
         n_tokens = sum(len(e.token_ids) for g in everyone for e in g.episodes)
         metrics = ready.metrics | learned | {"perf/step_s": elapsed, "time/elapsed_s": self.elapsed()}
         metrics["perf/tokens_per_s"] = n_tokens / max(1e-9, elapsed)
+        self.phases.announce("records", self.state, step=step)
         self.log_metrics("grpo", step, metrics)
         self.write_trajectories(step, ready.collected)
         self.emit("after_step")
@@ -299,6 +306,7 @@ class Trainer:
         if not self.val_tasks:
             return {}
         assert self.rollouts is not None
+        self.phases.announce("evaluation", self.state, tag=tag)
         namespace = f"eval-{tag}-{self.state.sft_step}-{self.state.step}"
         metrics = await self.rollouts.validate(self.val_tasks, label=tag, namespace=namespace)
         # The validation's own tool events: left in the counters they would join the next GRPO step's, which
@@ -338,6 +346,7 @@ class Trainer:
         """Weights, optimizer/scheduler/RNG states, stage, step and data position, atomically (collective)."""
         assert self.learner is not None
         assert self.backend is not None
+        self.phases.announce("checkpoint", self.state)
         self.state.elapsed_s = self.elapsed()
         manager = self.run_dir.checkpoints
         parts = self.backend.save_partitions(manager.root)
@@ -392,6 +401,7 @@ class Trainer:
         In a data-parallel run every rank also writes ``ranks/rank-<r>.json`` with a digest of the weights it
         samples from: equal digests show every rank finished with the same weights.
         """
+        self.phases.announce("summary", self.state)
         summary = run_summary(
             self.history,
             run_dir=self.run_dir.path,

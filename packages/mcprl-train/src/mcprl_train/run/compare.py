@@ -15,7 +15,7 @@ from typing import Any, Literal
 from mcprl_train.run.checkpoint import MANIFEST
 from mcprl_train.run.run_dir import RunDir, read_jsonl
 
-__all__ = ["is_timing", "run_differences"]
+__all__ = ["is_timing", "max_logprob_gap", "run_differences"]
 
 _TIMING = ("time", "time/", "perf/", "wall_s", "elapsed_s")
 
@@ -59,6 +59,19 @@ def run_differences(a: Path, b: Path, *, exact: bool = True) -> list[str]:
         out.append(f"summary: {sorted(k for k in sa.keys() | sb.keys() if sa.get(k) != sb.get(k))}")
     out.extend(_weight_differences(a, b))
     return out
+
+
+def max_logprob_gap(a: Path, b: Path) -> float:
+    """The largest |difference| between the sampler's logprobs of the same token in two runs' episodes (the
+    episodes both runs hold, with as many logprobs in each; 0.0 when none)."""
+    ea, eb = _episodes(a), _episodes(b)
+    gaps = [
+        abs(p - q)
+        for k in ea.keys() & eb.keys()
+        if len(lx := ea[k].get("sampler_logprobs") or []) == len(ly := eb[k].get("sampler_logprobs") or [])
+        for p, q in zip(lx, ly, strict=True)
+    ]
+    return max(gaps, default=0.0)
 
 
 def _metrics(run: Path, *, exact: bool) -> list[dict[str, Any]]:

@@ -1,11 +1,14 @@
-"""Kill a real ``mcprl-train`` run with SIGKILL at random points, resume it each time, and compare the result.
+"""Kill a real ``mcprl-train`` run with SIGKILL at points drawn over a reference run, resume it each time.
 
-`kill_and_resume` starts ``python -m mcprl_train train`` and, for each of ``kills`` attempts, SIGKILLs it at a
-point drawn from a seeded schedule (`draw_trigger`): a random time after the attempt started, or a moment the
-run announces (a line of ``training.log``, a checkpoint's temporary directory appearing) plus a random delay.
-Each kill is followed by ``--resume``; after the last kill the run goes to the end. Where each kill landed is
-read from the run directory at that moment (`landed_phase`), so the coverage of phases is visible.
-`mcprl_train.run.compare.run_differences` then compares the run with an uninterrupted one.
+An uninterrupted run's ``phases.jsonl`` (`mcprl_train.run.phases`) is its timeline: which phase (warm start,
+evaluation, a step's collection, its update, its records, a checkpoint, the summary) ran when, and for how long
+(`reference_timeline`). `draw_schedule` draws the kill points over it, spread over the kinds of phase: each
+point is a phase of the reference run (its key: phase, stage, steps, tag) and a time into it. A run resumed
+from a checkpoint repeats the phases after that checkpoint with the same keys, so `kill_and_resume` kills
+attempt ``i`` ``offset`` seconds after it announces point ``i``'s phase (or at once when it announces a later
+phase first), resumes it with ``--resume``, and goes on until every point was used; the last attempt runs to
+the end. Each kill's record names the phase it landed in (the killed attempt's last line of ``phases.jsonl``).
+`mcprl_train.run.compare.run_differences` then compares the run with the uninterrupted one.
 
 SIGKILL goes to the trainer alone, as the OOM killer would send it; its MCP servers lose their stdin and must
 exit by themselves (`Kill.orphans` counts those still alive 10 s later; they are then killed).
@@ -13,7 +16,7 @@ exit by themselves (`Kill.orphans` counts those still alive 10 s later; they are
 
 from __future__ import annotations
 
-import json
+import collections
 import os
 import random
 import signal
@@ -22,77 +25,157 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, assert_never
 
 import attrs
 
-from mcprl_train.run.run_dir import RunDir, read_jsonl
+from mcprl_train.run.phases import (
+    PHASES_FILE,
+    Phase,
+    PhaseKey,
+    PhaseMark,
+    describe_phase,
+    read_phases,
+    read_phases_bytes,
+)
+from mcprl_train.run.run_dir import read_jsonl
 
 __all__ = [
     "Kill",
+    "KillPoint",
     "KillRun",
-    "Trigger",
-    "draw_trigger",
+    "KillSchedule",
+    "Segment",
+    "draw_schedule",
     "kill_and_resume",
-    "landed_phase",
+    "landed",
+    "reference_timeline",
+    "train_command",
 ]
-
-TriggerKind = Literal["time", "event", "checkpoint_write"]
-_EVENTS = ("sft_step", "validation", "grpo_step", "checkpoint_saved", "mcp_server_ready")
 
 
 @attrs.frozen(kw_only=True)
-class Trigger:
-    """When to kill an attempt.
+class Segment:
+    """One phase of the reference run: its first `PhaseMark`, position in the run and length."""
 
-    Attributes:
-        kind: ``time`` (``delay_s`` after the attempt started), ``event`` (``delay_s`` after the ``nth`` new
-            ``training.log`` line of ``event``), ``checkpoint_write`` (as soon as a checkpoint's temporary
-            directory appears: the write is under way).
-        event: The log event for ``kind="event"``.
-        nth: Which occurrence of ``event`` in this attempt (1-based).
-        delay_s: Seconds to wait after the moment.
+    mark: PhaseMark
+    index: int
+    start_s: float
+    duration_s: float
+
+
+def reference_timeline(run: Path) -> list[Segment]:
+    """The phases of an uninterrupted, finished run, in order (the last one ends with the run's last file write).
+
+    Raises:
+        ValueError: no ``phases.jsonl``, a run that was resumed (more than one ``startup``), or a phase that
+            occurs twice (a kill point could not tell them apart).
     """
+    marks = read_phases(run / PHASES_FILE)
+    if not marks:
+        raise ValueError(
+            f"{run}: no {PHASES_FILE}; the reference run must be made by this version of mcprl-train"
+        )
+    if sum(m.phase == "startup" for m in marks) != 1:
+        raise ValueError(f"{run}: {PHASES_FILE} holds several attempts; the reference must be uninterrupted")
+    repeated = [k for k, n in collections.Counter(m.key for m in marks).items() if n > 1]
+    if repeated:
+        raise ValueError(f"{run}: phases announced twice: {repeated[:3]}")
+    end = max(p.stat().st_mtime for p in run.rglob("*") if p.is_file())
+    t0 = marks[0].time
+    stops = [m.time for m in marks[1:]] + [max(end, marks[-1].time)]
+    return [
+        Segment(mark=m, index=i, start_s=m.time - t0, duration_s=stop - m.time)
+        for i, (m, stop) in enumerate(zip(marks, stops, strict=True))
+    ]
 
-    kind: TriggerKind
-    event: str = ""
-    nth: int = 1
-    delay_s: float = 0.0
+
+@attrs.frozen(kw_only=True)
+class KillPoint:
+    """Kill ``offset_s`` seconds after the run announces the reference's segment ``index`` (key ``key``)."""
+
+    phase: Phase
+    key: PhaseKey
+    index: int
+    offset_s: float
+    at_s: float
+    label: str
 
     def describe(self) -> str:
-        match self.kind:
-            case "time":
-                return f"{self.delay_s:.2f} s after start"
-            case "event":
-                return f"{self.delay_s:.2f} s after {self.event} #{self.nth}"
-            case "checkpoint_write":
-                return "checkpoint write started"
-            case _:
-                assert_never(self.kind)
+        return f"{self.offset_s:.2f} s into {self.label}"
 
 
-def draw_trigger(rng: random.Random, *, run_s: float) -> Trigger:
-    """One kill point: a random time within ``run_s`` (an uninterrupted run's length) or a random moment
-    after an announced phase; the mix makes short phases (a checkpoint write, a step's update) reachable."""
-    kind = rng.choice(["time", "time", "event", "event", "event", "checkpoint_write"])
-    if kind == "time":
-        return Trigger(kind="time", delay_s=rng.uniform(0.0, run_s / 2))  # a resumed attempt has less to do
-    if kind == "checkpoint_write":
-        return Trigger(kind="checkpoint_write")
-    event = rng.choice(_EVENTS)
-    nth = (
-        rng.randint(1, 10) if event == "sft_step" else rng.randint(1, 2) if event == "checkpoint_saved" else 1
+@attrs.frozen(kw_only=True)
+class KillSchedule:
+    """Kill points in run order, and the reference's phases in order (a phase announced after a point's own
+    means the point was passed: its phase had finished before the previous kill)."""
+
+    points: tuple[KillPoint, ...]
+    order: dict[PhaseKey, int]
+
+    def per_phase(self) -> dict[Phase, int]:
+        return dict(collections.Counter(p.phase for p in self.points))
+
+
+def draw_schedule(segments: Sequence[Segment], kills: int, seed: int) -> KillSchedule:
+    """``kills`` points in run order, an equal share (±1) for each kind of phase the reference run went through.
+
+    Within a kind, a point takes one of its segments at random and a uniform time within it: a kind's share does
+    not depend on how long it runs, so short phases (a checkpoint write, an update) get as many kills as the
+    long ones (the warm start, a collection).
+    """
+    if kills < 0:
+        raise ValueError(f"kills must be >= 0, got {kills}")
+    rng = random.Random(seed)
+    by_phase: dict[Phase, list[Segment]] = collections.defaultdict(list)
+    for segment in segments:
+        by_phase[segment.mark.phase].append(segment)
+    kinds = sorted(by_phase)
+    if not kinds:
+        raise ValueError("the reference timeline is empty")
+    shares = dict.fromkeys(kinds, kills // len(kinds))
+    for kind in rng.sample(kinds, kills % len(kinds)):
+        shares[kind] += 1
+    points: list[KillPoint] = []
+    for kind in kinds:
+        for _ in range(shares[kind]):
+            segment = rng.choice(by_phase[kind])
+            offset = rng.uniform(0.0, segment.duration_s)
+            points.append(
+                KillPoint(
+                    phase=kind,
+                    key=segment.mark.key,
+                    index=segment.index,
+                    offset_s=offset,
+                    at_s=segment.start_s + offset,
+                    label=describe_phase(segment.mark),
+                )
+            )
+    return KillSchedule(
+        points=tuple(sorted(points, key=lambda p: (p.index, p.offset_s))),
+        order={s.mark.key: s.index for s in segments},
     )
-    return Trigger(kind="event", event=event, nth=nth, delay_s=rng.uniform(0.0, 1.0))
 
 
 @attrs.frozen(kw_only=True)
 class Kill:
-    """One SIGKILL: when it was aimed, where it landed, and what it left."""
+    """One SIGKILL: where it was aimed, where it landed, and what it left.
+
+    Attributes:
+        aimed: The kill point (`KillPoint.describe`), ``(overtaken)`` when the attempt announced a later phase
+            before the point's own (the point's phase had finished in the previous attempt, e.g. a checkpoint
+            that was complete when that attempt died).
+        phase: The phase the kill landed in (the attempt's last line of ``phases.jsonl``; ``startup`` when it
+            had written none yet).
+        where: That phase described (`mcprl_train.run.phases.describe_phase`).
+        detail: What the kill cut, when the files show it: a checkpoint's temporary directory, a torn line.
+    """
 
     attempt: int
-    trigger: str
-    phase: str
+    aimed: str
+    aimed_phase: Phase
+    phase: Phase
+    where: str
+    detail: str | None
     after_s: float
     orphans: int
 
@@ -111,44 +194,42 @@ def kill_and_resume(
     command: Callable[[bool], Sequence[str]],
     run: Path,
     *,
-    kills: int,
-    seed: int,
-    run_s: float,
+    schedule: KillSchedule,
     logs: Path,
     timeout_s: float = 900.0,
 ) -> KillRun:
-    """Run ``command(resume)`` until it exits 0, SIGKILLing the first ``kills`` attempts at drawn points.
+    """Run ``command(resume)`` until it exits 0, SIGKILLing attempt ``i`` at ``schedule.points[i]``.
 
     Args:
         command: The argv of a new run (``False``) or of ``--resume`` (``True``).
         run: The run directory the command writes.
-        kills: How many attempts to kill (an attempt that finishes before its point ends the schedule).
-        seed: Seeds the kill points.
-        run_s: An uninterrupted run's length (bounds ``time`` triggers).
+        schedule: The kill points (`draw_schedule`); an attempt that finishes before its point ends the
+            schedule.
         logs: Where each attempt's stdout and stderr go (``attempt-<i>.log``).
         timeout_s: Per attempt.
 
     Raises:
-        RuntimeError: an attempt exits with an error, or no attempt finishes.
+        RuntimeError: an attempt exits with an error or runs past ``timeout_s``.
     """
-    rng = random.Random(seed)
     logs.mkdir(parents=True, exist_ok=True)
     done: list[Kill] = []
     t0 = time.monotonic()
-    for attempt in range(kills + 1):
+    points = schedule.points
+    for attempt in range(len(points) + 1):
         resume = (run / "config.yaml").is_file()
-        trigger = draw_trigger(rng, run_s=run_s) if attempt < kills else None
-        log_start = _size(run / "training.log")
+        point = points[attempt] if attempt < len(points) else None
+        since = _size(run / PHASES_FILE)
         stale = set(_temporaries(run))
         with (logs / f"attempt-{attempt}.log").open("wb") as out:
             proc = subprocess.Popen(command(resume), stdout=out, stderr=subprocess.STDOUT)
             started = time.monotonic()
-            hit = trigger is not None and _wait_for(trigger, proc, run, log_start, stale, started, timeout_s)
-            children = _children(proc.pid) if hit else []
-            if hit:
+            fired = _wait_for(schedule, point, proc, run, since, timeout_s) if point is not None else None
+            children = _children(proc.pid) if fired is not None else []
+            if fired is not None:
                 proc.send_signal(signal.SIGKILL)
-                hit = proc.wait() == -signal.SIGKILL  # not when it exited on its own just before
-            if not hit:
+                if proc.wait() != -signal.SIGKILL:  # it exited on its own just before
+                    fired = None
+            if fired is None:
                 rc = proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - started)))
                 if rc != 0:
                     raise RuntimeError(
@@ -156,106 +237,67 @@ def kill_and_resume(
                     )
                 return KillRun(run=run, kills=tuple(done), attempts=attempt + 1, wall_s=time.monotonic() - t0)
             after = time.monotonic() - started
-        assert trigger is not None
-        phase = landed_phase(run, log_start, stale)
+        assert point is not None
+        mark, detail = landed(run, since, stale)
         done.append(
             Kill(
                 attempt=attempt,
-                trigger=trigger.describe(),
-                phase=phase,
+                aimed=point.describe() + (" (overtaken)" if fired == "overtaken" else ""),
+                aimed_phase=point.phase,
+                phase=mark.phase if mark is not None else "startup",
+                where=describe_phase(mark) if mark is not None else "startup: before the trainer (imports)",
+                detail=detail,
                 after_s=after,
                 orphans=_reap(children),
             )
         )
-    raise RuntimeError(f"the run did not finish after {kills} kills and one last attempt")
+    raise AssertionError("unreachable: the last attempt has no kill point")
 
 
 def _wait_for(
-    trigger: Trigger,
+    schedule: KillSchedule,
+    point: KillPoint,
     proc: subprocess.Popen[bytes],
     run: Path,
-    log_start: int,
-    stale: set[str],
-    started: float,
+    since: int,
     timeout_s: float,
-) -> bool:
-    """Wait for the trigger's moment; False when the process exits first."""
-    fire_at: float | None = started + trigger.delay_s if trigger.kind == "time" else None
+) -> str | None:
+    """Wait for the point: ``"aimed"`` or ``"overtaken"`` when it is time to kill, None when the process exits."""
+    path = run / PHASES_FILE
+    started = time.monotonic()
+    seen = since
+    fire_at: float | None = None
+    how = "aimed"
     while True:
-        now = time.monotonic()
         if proc.poll() is not None:
-            return False
-        if now - started > timeout_s:
+            return None
+        if time.monotonic() - started > timeout_s:
             proc.kill()
             raise RuntimeError(f"attempt ran past {timeout_s} s")
-        if fire_at is None:
-            match trigger.kind:
-                case "event":
-                    seen = [e for e in _events(run, log_start) if e.get("event") == trigger.event]
-                    if len(seen) >= trigger.nth:
-                        fire_at = now + trigger.delay_s
-                case "checkpoint_write":
-                    if set(_temporaries(run)) - stale:
-                        fire_at = now
-                case "time":
-                    pass
-                case _:
-                    assert_never(trigger.kind)
-        if fire_at is not None and now >= fire_at:
-            return True
-        time.sleep(0.002 if trigger.kind == "checkpoint_write" else 0.01)
+        size = _size(path)
+        if fire_at is None and size != seen:
+            seen = size
+            last = _marks_since(path, since)[-1:]
+            if last and last[0].key == point.key:
+                fire_at = last[0].time + point.offset_s
+            elif last and schedule.order.get(last[0].key, -1) > point.index:
+                fire_at, how = time.time(), "overtaken"
+        if fire_at is not None and time.time() >= fire_at:
+            return how
+        time.sleep(0.003)
 
 
-def landed_phase(run: Path, log_start: int, stale: set[str]) -> str:
-    """Where the run was when it died, read from what it left: files, torn lines, its last log event."""
-    if not (run / "config.yaml").is_file():
-        return "startup: before the run directory"
-    if set(_temporaries(run)) - stale:
-        return "checkpoint write (temporary directory half written)"
-    for name in ("metrics.jsonl", "trajectories.jsonl"):
-        if read_jsonl(run / name).torn_line is not None:
-            return f"append to {name} (torn last line)"
-    events = [e for e in _events(run, log_start) if e.get("event") in (*_EVENTS, "resumed", "run_finished")]
-    if not events:
-        return "startup: model, servers"
-    last = events[-1]
-    match last.get("event"):
-        case "mcp_server_ready":
-            return "startup: model, servers"
-        case "sft_step":
-            done, total = str(last.get("step", "0/0")).split("/")
-            return "warm start" if done != total else "warm-start evaluation"
-        case "validation":
-            return f"after the {last.get('tag')} evaluation, before its checkpoint"
-        case "grpo_step":
-            return f"GRPO step {str(last.get('step')).split('/')[0]}: logging, trajectories, checkpoint"
-        case "run_finished":
-            return "after the summary (plots, trackers)"
-        case _:
-            return _after_checkpoint(run, events)
-
-
-def _after_checkpoint(run: Path, events: list[dict[str, Any]]) -> str:
-    """After a checkpoint or a resume from one: more warm start, the next step, the final evaluation or the
-    summary."""
-    last = events[-1]
-    before = events[-2] if len(events) > 1 else {}
-    if last.get("event") == "resumed":
-        stage = last.get("stage")
-    elif before.get("event") == "validation" and before.get("tag") == "final":
-        stage = "done"
-    elif before.get("event") == "sft_step":
-        stage = "sft"
+def landed(run: Path, since: int, stale: set[str]) -> tuple[PhaseMark | None, str | None]:
+    """Where a killed attempt was: its last phase mark (None: it wrote none) and what the files show it cut."""
+    marks = _marks_since(run / PHASES_FILE, since)
+    if fresh := sorted(set(_temporaries(run)) - stale):
+        detail: str | None = f"checkpoint temporary directory half written ({fresh[0]})"
     else:
-        stage = "grpo"
-    step = int(last.get("step") or 0)
-    if stage == "sft":
-        return "warm start"
-    if stage == "done":
-        return "final checkpoint written: summary"
-    if step < RunDir.open(run).load_config().run.steps:
-        return f"GRPO step {step + 1}: collection or update"
-    return "final evaluation"
+        torn = [
+            n for n in ("metrics.jsonl", "trajectories.jsonl") if read_jsonl(run / n).torn_line is not None
+        ]
+        detail = f"torn last line of {torn[0]}" if torn else None
+    return (marks[-1] if marks else None), detail
 
 
 def train_command(overrides: Sequence[str], run: Path) -> Callable[[bool], list[str]]:
@@ -265,6 +307,16 @@ def train_command(overrides: Sequence[str], run: Path) -> Callable[[bool], list[
     return lambda resume: [*base, "--resume", str(run)] if resume else base
 
 
+def _marks_since(path: Path, start: int) -> list[PhaseMark]:
+    """The phase marks appended at or after byte ``start`` (this attempt's)."""
+    if not path.exists():
+        return []
+    with path.open("rb") as handle:
+        handle.seek(start)
+        data = handle.read()
+    return read_phases_bytes(data)
+
+
 def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
@@ -272,24 +324,6 @@ def _size(path: Path) -> int:
 def _temporaries(run: Path) -> list[str]:
     root = run / "checkpoints"
     return [p.name for p in root.glob(".tmp-step-*")] if root.is_dir() else []
-
-
-def _events(run: Path, start: int) -> list[dict[str, Any]]:
-    path = run / "training.log"
-    if not path.exists():
-        return []
-    with path.open("rb") as handle:
-        handle.seek(start)
-        data = handle.read()
-    out: list[dict[str, Any]] = []
-    for line in data.split(b"\n"):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            out.append(value)  # pyright: ignore[reportUnknownArgumentType]
-    return out
 
 
 def _children(pid: int) -> list[int]:
