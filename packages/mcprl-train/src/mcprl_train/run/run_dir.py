@@ -9,6 +9,7 @@ Layout::
                             `mcprl_train.loop.collection.Collection.trajectory_records`)
       summary.json          the run's summary (`RunDir.write_summary`), written atomically at the end
       training.log          the structlog JSON lines of the run (`mcprl_train.run.tracking.configure_logging`)
+      phases.jsonl          one line per phase change (warm start, collection, update, ...: `mcprl_train.run.phases`)
       plots/*.png           `mcprl_train.run.plots.write_plots`
       checkpoints/          `mcprl_train.run.checkpoint.CheckpointManager` (``step-00000010/``, ``latest``)
 
