@@ -15,14 +15,15 @@ bits whichever runs (`tests/test_kv_pool.py`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, assert_never
 
 import torch
 from transformers import DynamicCache
 
 from mcprl_policy.cache_rows import RowState, concat_rows, pad_left, row_state, select_rows
+from mcprl_policy.errors import SamplerError
 
-__all__ = ["ConcatCache", "Forward", "KVLayout", "ResolvedLayout", "RunningCache"]
+__all__ = ["ConcatCache", "Forward", "KVLayout", "ResolvedLayout", "RunningCache", "resolve_layout"]
 
 KVLayout = Literal["auto", "pool", "concat"]
 """``pool`` for full-attention models, ``concat`` otherwise (``auto``), or either forced."""
@@ -32,7 +33,8 @@ ResolvedLayout = Literal["pool", "concat"]
 
 
 class Forward(Protocol):
-    """The model's forward with the engine's fixed arguments (``use_cache``, ``logits_to_keep=1``)."""
+    """The model's forward with the engine's fixed arguments (``use_cache``, ``logits_to_keep=1``), or a decode
+    step computing the same (`mcprl_policy.lean_decode.LeanDecoder`)."""
 
     def __call__(
         self,
@@ -114,3 +116,25 @@ class ConcatCache:
     def row_state(self, row: int) -> tuple[RowState, ...]:
         assert self._cache is not None
         return row_state(self._cache, row, self._mask[row].nonzero().squeeze(-1))
+
+
+def resolve_layout(requested: KVLayout, *, recurrent: bool) -> ResolvedLayout:
+    """The layout an engine runs: ``auto`` is the pool unless the model has linear-attention (recurrent) layers.
+
+    Raises:
+        SamplerError: ``pool`` requested for a model with linear-attention layers.
+    """
+    match requested:
+        case "auto":
+            return "concat" if recurrent else "pool"
+        case "pool":
+            if recurrent:
+                raise SamplerError(
+                    "kv_layout='pool' holds full-attention layers only; this model has linear-attention layers "
+                    "(use kv_layout='auto' or 'concat')"
+                )
+            return "pool"
+        case "concat":
+            return "concat"
+        case unreachable:
+            assert_never(unreachable)
