@@ -32,7 +32,7 @@ from transformers import (
 )
 from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
 
-from mcprl_policy import SamplerError, SamplingParams, build_tiny_model
+from mcprl_policy import HFSampler, Policy, SamplerError, SamplingParams, build_tiny_model
 from mcprl_policy.config import DecodeForward
 from mcprl_policy.decode import DecodeEngine, DecodeRequest
 from mcprl_policy.kv_pool import KVPool
@@ -396,3 +396,31 @@ def test_the_lean_forward_refuses_a_model_in_training_mode(qwen3_gqa: Model) -> 
             pool.step(lean, torch.tensor([5]), torch.tensor([3]))
     finally:
         lm.eval()
+
+
+def test_the_pool_and_so_the_lean_forward_are_refused_for_eager_attention(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    """The pool hands attention SDPA's boolean mask: eager attention would add it to the scores, hiding nothing."""
+    eager = standin_model("qwen3", **_ids(tokenizer)).eval()
+    eager.config._attn_implementation = "eager"  # pyright: ignore[reportPrivateUsage]
+    engine = _engine((eager, tokenizer), SamplingParams(), "auto")
+    assert (engine.stats.kv_layout, engine.stats.decode_forward) == ("concat", "model")
+    with pytest.raises(SamplerError, match="'eager' does not take"):
+        DecodeEngine(
+            eager,
+            params=SamplingParams(),
+            stop_token_ids=frozenset({1}),
+            pad_token_id=0,
+            max_batch_size=2,
+            decode=str,
+            kv_layout="pool",
+        )
+
+
+def test_the_hf_sampler_reports_its_decode_forward(tiny_dir: Path) -> None:
+    policy = Policy.from_pretrained(tiny_dir, value_head=False)
+    assert HFSampler(policy).metrics()["sampler/lean_forward"] == 1.0
+    plain = HFSampler(policy, decode_forward="model")
+    assert plain.metrics()["sampler/lean_forward"] == 0.0
+    assert plain.engine.stats.decode_forward == "model"

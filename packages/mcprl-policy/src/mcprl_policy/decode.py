@@ -37,7 +37,7 @@ from mcprl_policy.cache_rows import cache_from_rows, check_supported, has_recurr
 from mcprl_policy.config import DecodeForward, SamplingParams
 from mcprl_policy.fingerprint import weights_fingerprint
 from mcprl_policy.kv_pool import KVPool
-from mcprl_policy.lean_decode import LeanDecoder, ResolvedForward, resolve_decode_forward
+from mcprl_policy.lean_decode import LeanDecoder, resolve_decode_forward
 from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache
 from mcprl_policy.token_choice import TokenChooser
 
@@ -71,10 +71,9 @@ class DecodeRequest:
 @attrs.define(kw_only=True)
 class DecodeStats:
     """Counters of the engine's forward passes, the running rows' cache layout (``pool`` or ``concat``) and the
-    decode step's forward (``lean`` or ``model``)."""
+    decode step's forward (``lean`` or ``model``; not compared: both compute the same bits and counts)."""
 
     kv_layout: str = ""
-    # Not compared: engines that differ only in their forward compute the same, and their counters are equal.
     decode_forward: str = attrs.field(default="", eq=False)
     prefill_calls: int = 0
     decode_calls: int = 0
@@ -103,8 +102,7 @@ class DecodeEngine:
             row of the output embedding.
         kv_layout: the running rows' cache (`mcprl_policy.batch_cache`): ``auto`` takes the preallocated pool
             when every layer is full attention and the concatenated ``DynamicCache`` otherwise.
-        decode_forward: the decode step's forward (`mcprl_policy.lean_decode`): ``auto`` takes the lean one where
-            the model is supported, ``model`` forces the model's own.
+        decode_forward: the decode step's forward (`mcprl_policy.lean_decode`): ``auto`` is lean where supported.
 
     Raises:
         SamplerError: the model's cache has layers the engine cannot batch (sliding window, ...), or
@@ -133,7 +131,7 @@ class DecodeEngine:
         # A recurrent state resumes only right after its last token: cached prefixes are never padded apart
         # from their continuations, so continuations of different lengths prefill separately.
         self._recurrent = has_recurrent_layers(model)
-        self.kv_layout: ResolvedLayout = resolve_layout(kv_layout, recurrent=self._recurrent)
+        self.kv_layout: ResolvedLayout = resolve_layout(kv_layout, model)
         self.vocab_limit = vocab_limit
         self.prefix = PrefixCache(prefix_cache_bytes)
         self.params = params
@@ -142,7 +140,6 @@ class DecodeEngine:
         self.max_batch_size = max_batch_size
         self.decode = decode
         self.pending: deque[DecodeRequest] = deque()
-        self.decode_forward: ResolvedForward
         self.decode_forward, lean_refused = resolve_decode_forward(decode_forward, model, self.kv_layout)
         self._step_forward: Forward = LeanDecoder(model) if self.decode_forward == "lean" else self._forward
         self.stats = DecodeStats(kv_layout=self.kv_layout, decode_forward=self.decode_forward)

@@ -30,8 +30,7 @@ from torch import nn
 from transformers import Cache, LlamaForCausalLM, PreTrainedModel, Qwen2ForCausalLM, Qwen3ForCausalLM
 from transformers.integrations.sdpa_attention import repeat_kv, use_gqa_in_sdpa
 
-from mcprl_policy.attention import VARLEN_SDPA
-from mcprl_policy.batch_cache import ResolvedLayout
+from mcprl_policy.batch_cache import POOL_ATTENTION, ResolvedLayout
 from mcprl_policy.config import DecodeForward
 from mcprl_policy.errors import SamplerError
 from mcprl_policy.kv_pool import PoolLayer
@@ -59,7 +58,7 @@ LEAN_MODEL_TYPES: Final = frozenset(_CLASSES)
 
 # Implementations whose q_len-1 decode attention is transformers' `sdpa_attention_forward` (`mcprl_varlen_sdpa`
 # is, without cu_seq_lens: `mcprl_policy.attention`).
-_SDPA_IMPLEMENTATIONS: Final = frozenset({"sdpa", VARLEN_SDPA})
+_SDPA_IMPLEMENTATIONS: Final = POOL_ATTENTION
 
 
 def _causal_lm(model: nn.Module) -> nn.Module:
