@@ -409,8 +409,9 @@ def layout_cost(model: torch.nn.Module, rows: int, length: int, *, steps: int = 
     if refused is None:
         forwards["lean"] = LeanDecoder(model)
     best = dict.fromkeys(forwards, float("inf"))
-    threads = torch.get_num_threads()
+    threads, training = torch.get_num_threads(), model.training
     torch.set_num_threads(1)
+    model.eval()  # as the engine decodes
     try:
         with torch.inference_mode():
             for _ in range(5):
@@ -428,6 +429,7 @@ def layout_cost(model: torch.nn.Module, rows: int, length: int, *, steps: int = 
                     best[name] = min(best[name], (time.thread_time() - t) / steps)
     finally:
         torch.set_num_threads(threads)
+        model.train(training)
     concat, pool = best["concat"] * 1e3, best["pool"] * 1e3
     lean = (
         f"{best['lean'] * 1e3:.2f} ms KV pool + lean forward ({pool / (best['lean'] * 1e3):.2f}x the pool's)"
