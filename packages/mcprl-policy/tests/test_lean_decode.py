@@ -424,3 +424,23 @@ def test_the_hf_sampler_reports_its_decode_forward(tiny_dir: Path) -> None:
     plain = HFSampler(policy, decode_forward="model")
     assert plain.metrics()["sampler/lean_forward"] == 0.0
     assert plain.engine.stats.decode_forward == "model"
+
+
+def test_under_bf16_autocast_the_lean_step_is_the_model_forwards(llama_lora: Model) -> None:
+    """``bf16-mixed`` sampling runs the engine under CPU autocast: the same submodules, the same casts."""
+    lm, tokenizer = llama_lora
+    prompts = [_prompt(tokenizer, i) for i in range(3)]
+
+    def forward(**kwargs: Any) -> Any:
+        return lm(**kwargs, use_cache=True, logits_to_keep=1)
+
+    lean = LeanDecoder(lm)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        plain, fast = _prefilled_pools(lm, prompts, 2)
+        positions = torch.tensor([len(p) for p in prompts])
+        for step in range(10):
+            tokens = torch.arange(len(prompts)) + 17 + step
+            expected = plain.step(forward, tokens, positions)
+            assert expected.dtype == torch.bfloat16
+            assert torch.equal(fast.step(lean, tokens, positions), expected)
+            positions = positions + 1

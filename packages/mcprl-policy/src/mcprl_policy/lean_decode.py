@@ -56,10 +56,6 @@ _CLASSES: Final[dict[str, type[PreTrainedModel]]] = {
 LEAN_MODEL_TYPES: Final = frozenset(_CLASSES)
 """``config.model_type`` values whose decoder `LeanDecoder` transcribes."""
 
-# Implementations whose q_len-1 decode attention is transformers' `sdpa_attention_forward` (`mcprl_varlen_sdpa`
-# is, without cu_seq_lens: `mcprl_policy.attention`).
-_SDPA_IMPLEMENTATIONS: Final = POOL_ATTENTION
-
 
 def _causal_lm(model: nn.Module) -> nn.Module:
     return model.get_base_model() if isinstance(model, PeftModel) else model
@@ -81,8 +77,8 @@ def lean_unsupported_reason(model: nn.Module, kv_layout: ResolvedLayout) -> str 
             f"{sorted(c.__name__ for c in _CLASSES.values())}"
         )
     attn = getattr(config, "_attn_implementation", None)
-    if attn not in _SDPA_IMPLEMENTATIONS:
-        return f"attention implementation {attn!r} (the lean forward transcribes {sorted(_SDPA_IMPLEMENTATIONS)})"
+    if attn not in POOL_ATTENTION:  # their q_len-1 decode attention is transformers' `sdpa_attention_forward`
+        return f"attention implementation {attn!r} (the lean forward transcribes {sorted(POOL_ATTENTION)})"
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
     if layer_types != {"full_attention"}:
         return f"layer types {sorted(layer_types)} (the lean forward has full attention only)"
@@ -94,7 +90,7 @@ def lean_unsupported_reason(model: nn.Module, kv_layout: ResolvedLayout) -> str 
         return "hub kernels replace the model's functions (use_kernels)"
     body = getattr(lm, "model", None)
     assert isinstance(body, nn.Module)
-    replaced = [("", lm), ("model", body)]
+    replaced = [("", lm), ("model", body)] + ([] if model is lm else [("the peft wrapper", model)])
     for i, layer in enumerate(getattr(body, "layers", [])):
         assert isinstance(layer, nn.Module)
         replaced += [
