@@ -375,12 +375,15 @@ def decode_anatomy(model: torch.nn.Module, rows: int, length: int) -> list[str]:
 
 def layout_cost(model: torch.nn.Module, rows: int, length: int, *, steps: int = 20) -> str:
     """Thread CPU of one engine decode step (`RunningCache.step`: mask, forward, cache write) with the
-    concatenated ``DynamicCache`` and with the preallocated `KVPool`, ``rows`` ragged rows (row ``i`` has
-    ``length - i % 32`` tokens, left-padded) decoding ``steps`` steps from ``length``; best of 5, one thread."""
+    concatenated ``DynamicCache``, with the preallocated `KVPool`, and with the pool and the lean forward
+    (`mcprl_policy.lean_decode`, where the model is supported), ``rows`` ragged rows (row ``i`` has
+    ``length - i % 32`` tokens, left-padded) decoding ``steps`` steps from ``length``; best of 5 (the three
+    alternating), one thread."""
     from transformers import DynamicCache
 
-    from mcprl_policy.batch_cache import ConcatCache, RunningCache
+    from mcprl_policy.batch_cache import ConcatCache, Forward, RunningCache
     from mcprl_policy.kv_pool import KVPool
+    from mcprl_policy.lean_decode import LeanDecoder, lean_unsupported_reason
 
     pads = [i % 32 for i in range(rows)]
     ids = torch.randint(5, 200, (rows, length))
@@ -401,9 +404,14 @@ def layout_cost(model: torch.nn.Module, rows: int, length: int, *, steps: int = 
         layout.merge(cache, mask)
         return layout
 
-    best = {"concat": float("inf"), "pool": float("inf")}
-    threads = torch.get_num_threads()
+    refused = lean_unsupported_reason(model, "pool")
+    forwards: dict[str, Forward] = {"concat": forward, "pool": forward}
+    if refused is None:
+        forwards["lean"] = LeanDecoder(model)
+    best = dict.fromkeys(forwards, float("inf"))
+    threads, training = torch.get_num_threads(), model.training
     torch.set_num_threads(1)
+    model.eval()  # as the engine decodes
     try:
         with torch.inference_mode():
             for _ in range(5):
@@ -416,15 +424,22 @@ def layout_cost(model: torch.nn.Module, rows: int, length: int, *, steps: int = 
                     last, positions = ids[:, -1], start
                     t = time.thread_time()
                     for _ in range(steps):
-                        last = running.step(forward, last, positions).argmax(-1)
+                        last = running.step(forwards[name], last, positions).argmax(-1)
                         positions = positions + 1
                     best[name] = min(best[name], (time.thread_time() - t) / steps)
     finally:
         torch.set_num_threads(threads)
+        model.train(training)
     concat, pool = best["concat"] * 1e3, best["pool"] * 1e3
+    lean = (
+        f"{best['lean'] * 1e3:.2f} ms KV pool + lean forward ({pool / (best['lean'] * 1e3):.2f}x the pool's)"
+        if "lean" in best
+        else f"no lean forward ({refused})"
+    )
     return (
         f"engine decode step, {rows} ragged rows x {length} cached tokens, one thread (thread CPU, best of 5 x "
-        f"{steps} steps): {concat:.2f} ms concatenated DynamicCache, {pool:.2f} ms KV pool ({concat / pool:.2f}x)"
+        f"{steps} steps): {concat:.2f} ms concatenated DynamicCache, {pool:.2f} ms KV pool "
+        f"({concat / pool:.2f}x), {lean}"
     )
 
 
@@ -620,15 +635,49 @@ def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: st
     print("\n".join(lines))
 
 
+def decode_shapes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """``--decode-shapes``: `layout_cost` at each shape on the checkpoint's model (or the config's, untrained)."""
+    from mcprl_policy import Policy
+
+    shapes: list[tuple[int, int]] = []
+    for shape in args.decode_shapes:
+        rows, _, length = str(shape).partition("x")
+        if not (rows.isdigit() and length.isdigit() and int(rows) > 0 and int(length) >= 32):
+            parser.error(f"--decode-shapes takes ROWSxTOKENS with ROWS >= 1 and TOKENS >= 32, got {shape!r}")
+        shapes.append((int(rows), int(length)))
+    with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
+        config = config_for(args, Path(tmp))
+        name = config.model.name
+        if args.checkpoint is not None:
+            _, loaded = open_checkpoint(args.checkpoint)
+            name = str(loaded.subdir("policy"))
+        policy = Policy.from_pretrained(
+            name, value_head=False, attn_implementation=config.model.attn_implementation
+        )
+        print(f"model: {name}; load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}")
+        for rows, length in shapes:
+            print(layout_cost(policy.model.eval(), rows, length))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--checkpoint", type=Path, default=None, help="a checkpoint or run directory")
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps measured")
     parser.add_argument("--eval-tasks", type=int, default=400, help="greedy evaluation episodes")
     parser.add_argument("--set", action="append", default=[], help="extra config override key=value")
+    parser.add_argument(
+        "--decode-shapes",
+        nargs="+",
+        default=None,
+        metavar="ROWSxTOKENS",
+        help="only time the engine's decode step (layout_cost) at these shapes, e.g. 46x134 73x220, and exit",
+    )
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be >= 1")
+    if args.decode_shapes is not None:
+        decode_shapes(args, parser)
+        return
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     load0 = os.getloadavg()[0]
     instrument()

@@ -15,14 +15,32 @@ bits whichever runs (`tests/test_kv_pool.py`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, assert_never
 
 import torch
+from torch import nn
 from transformers import DynamicCache
 
-from mcprl_policy.cache_rows import RowState, concat_rows, pad_left, row_state, select_rows
+from mcprl_policy.attention import VARLEN_SDPA
+from mcprl_policy.cache_rows import (
+    RowState,
+    concat_rows,
+    has_recurrent_layers,
+    pad_left,
+    row_state,
+    select_rows,
+)
+from mcprl_policy.errors import SamplerError
 
-__all__ = ["ConcatCache", "Forward", "KVLayout", "ResolvedLayout", "RunningCache"]
+__all__ = [
+    "POOL_ATTENTION",
+    "ConcatCache",
+    "Forward",
+    "KVLayout",
+    "ResolvedLayout",
+    "RunningCache",
+    "resolve_layout",
+]
 
 KVLayout = Literal["auto", "pool", "concat"]
 """``pool`` for full-attention models, ``concat`` otherwise (``auto``), or either forced."""
@@ -30,9 +48,14 @@ KVLayout = Literal["auto", "pool", "concat"]
 ResolvedLayout = Literal["pool", "concat"]
 """The layout an engine runs (``auto`` resolved)."""
 
+POOL_ATTENTION: Final = frozenset({"sdpa", VARLEN_SDPA})
+"""Attention implementations that take the pool's 4-D boolean mask as it is: ``eager`` would add it to the scores
+(``True`` as 1, hiding nothing) and flash attention wants a 2-D padding mask."""
+
 
 class Forward(Protocol):
-    """The model's forward with the engine's fixed arguments (``use_cache``, ``logits_to_keep=1``)."""
+    """The model's forward with the engine's fixed arguments (``use_cache``, ``logits_to_keep=1``), or a decode
+    step computing the same (`mcprl_policy.lean_decode.LeanDecoder`)."""
 
     def __call__(
         self,
@@ -114,3 +137,34 @@ class ConcatCache:
     def row_state(self, row: int) -> tuple[RowState, ...]:
         assert self._cache is not None
         return row_state(self._cache, row, self._mask[row].nonzero().squeeze(-1))
+
+
+def resolve_layout(requested: KVLayout, model: nn.Module) -> ResolvedLayout:
+    """The layout an engine runs for ``model``: ``auto`` is the pool unless the model has linear-attention
+    (recurrent) layers or an attention implementation outside `POOL_ATTENTION`.
+
+    Raises:
+        SamplerError: ``pool`` requested for such a model.
+    """
+    recurrent = has_recurrent_layers(model)
+    attn_implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    match requested:
+        case "auto":
+            return "concat" if recurrent or attn_implementation not in POOL_ATTENTION else "pool"
+        case "pool":
+            if recurrent:
+                raise SamplerError(
+                    "kv_layout='pool' holds full-attention layers only; this model has linear-attention layers "
+                    "(use kv_layout='auto' or 'concat')"
+                )
+            if attn_implementation not in POOL_ATTENTION:
+                raise SamplerError(
+                    f"kv_layout='pool' hands attention SDPA's boolean mask, which attention implementation "
+                    f"{attn_implementation!r} does not take (it needs one of {sorted(POOL_ATTENTION)}; or use "
+                    "kv_layout='auto' or 'concat')"
+                )
+            return "pool"
+        case "concat":
+            return "concat"
+        case unreachable:
+            assert_never(unreachable)

@@ -10,6 +10,7 @@ from attrs import validators as v
 __all__ = [
     "AttnImplementation",
     "DType",
+    "DecodeForward",
     "LoraSettings",
     "Precision",
     "PrecisionName",
@@ -21,6 +22,9 @@ AttnImplementation = Literal["auto", "flash_attention_2", "mcprl_varlen_sdpa", "
 """Attention kernels: ``auto`` is flash_attention_2 with flash-attn on CUDA, else ``mcprl_varlen_sdpa`` (per-sequence
 SDPA for packed rows, plain SDPA otherwise; `mcprl_policy.attention`); the others load as named."""
 DType = Literal["float32", "bfloat16", "float16"]
+DecodeForward = Literal["auto", "lean", "model"]
+"""The HF sampler's decode step: ``lean`` (`mcprl_policy.lean_decode`: Llama/Qwen2/Qwen3 over the KV pool, the model
+forward's bits with less Python), the model's own forward, or ``auto`` (lean where the model is supported)."""
 Quantization = Literal["nf4", "fp4"]
 PrecisionName = Literal["fp32", "bf16-mixed", "bf16-true"]
 

@@ -25,12 +25,19 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from mcprl_policy.batch_cache import ConcatCache, KVLayout, ResolvedLayout, RunningCache
+from mcprl_policy.batch_cache import (
+    ConcatCache,
+    Forward,
+    KVLayout,
+    ResolvedLayout,
+    RunningCache,
+    resolve_layout,
+)
 from mcprl_policy.cache_rows import cache_from_rows, check_supported, has_recurrent_layers
-from mcprl_policy.config import SamplingParams
-from mcprl_policy.errors import SamplerError
+from mcprl_policy.config import DecodeForward, SamplingParams
 from mcprl_policy.fingerprint import weights_fingerprint
 from mcprl_policy.kv_pool import KVPool
+from mcprl_policy.lean_decode import LeanDecoder, resolve_decode_forward
 from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache
 from mcprl_policy.token_choice import TokenChooser
 
@@ -63,9 +70,11 @@ class DecodeRequest:
 
 @attrs.define(kw_only=True)
 class DecodeStats:
-    """Counters of the engine's forward passes, and the running rows' cache layout (``pool`` or ``concat``)."""
+    """Counters of the engine's forward passes, the running rows' cache layout (``pool`` or ``concat``) and the
+    decode step's forward (``lean`` or ``model``; not compared: both compute the same bits and counts)."""
 
     kv_layout: str = ""
+    decode_forward: str = attrs.field(default="", eq=False)
     prefill_calls: int = 0
     decode_calls: int = 0
     prefill_rows: int = 0
@@ -93,10 +102,12 @@ class DecodeEngine:
             row of the output embedding.
         kv_layout: the running rows' cache (`mcprl_policy.batch_cache`): ``auto`` takes the preallocated pool
             when every layer is full attention and the concatenated ``DynamicCache`` otherwise.
+        decode_forward: the decode step's forward (`mcprl_policy.lean_decode`): ``auto`` is lean where supported.
 
     Raises:
         SamplerError: the model's cache has layers the engine cannot batch (sliding window, ...), or
-            ``kv_layout="pool"`` for a model with linear-attention layers.
+            ``kv_layout="pool"`` for a model with linear-attention layers, or ``decode_forward="lean"`` for a
+            model the lean forward does not support.
     """
 
     def __init__(
@@ -111,6 +122,7 @@ class DecodeEngine:
         prefix_cache_bytes: int = 0,
         vocab_limit: int | None = None,
         kv_layout: KVLayout = "auto",
+        decode_forward: DecodeForward = "auto",
     ) -> None:
         if vocab_limit is not None and vocab_limit < 1:
             raise ValueError(f"vocab_limit must be >= 1, got {vocab_limit}")
@@ -119,7 +131,7 @@ class DecodeEngine:
         # A recurrent state resumes only right after its last token: cached prefixes are never padded apart
         # from their continuations, so continuations of different lengths prefill separately.
         self._recurrent = has_recurrent_layers(model)
-        self.kv_layout: ResolvedLayout = _resolve_layout(kv_layout, recurrent=self._recurrent)
+        self.kv_layout: ResolvedLayout = resolve_layout(kv_layout, model)
         self.vocab_limit = vocab_limit
         self.prefix = PrefixCache(prefix_cache_bytes)
         self.params = params
@@ -128,10 +140,15 @@ class DecodeEngine:
         self.max_batch_size = max_batch_size
         self.decode = decode
         self.pending: deque[DecodeRequest] = deque()
-        self.stats = DecodeStats(kv_layout=self.kv_layout)
+        self.decode_forward, lean_refused = resolve_decode_forward(decode_forward, model, self.kv_layout)
+        self._step_forward: Forward = LeanDecoder(model) if self.decode_forward == "lean" else self._forward
+        self.stats = DecodeStats(kv_layout=self.kv_layout, decode_forward=self.decode_forward)
         self.chooser = TokenChooser(params, vocab_limit)
         self._stop_window = max((len(s) for s in params.stop), default=0) + 8
         _log.info("decode_kv_layout", requested=kv_layout, chosen=self.kv_layout, max_rows=max_batch_size)
+        _log.info(
+            "decode_forward", requested=decode_forward, chosen=self.decode_forward, lean_refused=lean_refused
+        )
         self._reset()
 
     def _new_cache(self, device: torch.device) -> RunningCache:
@@ -311,7 +328,7 @@ class DecodeEngine:
 
     def _decode_step(self, device: torch.device) -> list[DecodeRequest]:
         del device
-        logits = self._cache.step(self._forward, self._last, self._positions)
+        logits = self._cache.step(self._step_forward, self._last, self._positions)
         self.stats.decode_calls += 1
         self.stats.decode_rows += len(self._rows)
         self._positions = self._positions + 1
@@ -383,23 +400,6 @@ class _State:
     positions: torch.Tensor
     last: torch.Tensor
     seen: torch.Tensor | None
-
-
-def _resolve_layout(requested: KVLayout, *, recurrent: bool) -> ResolvedLayout:
-    match requested:
-        case "auto":
-            return "concat" if recurrent else "pool"
-        case "pool":
-            if recurrent:
-                raise SamplerError(
-                    "kv_layout='pool' holds full-attention layers only; this model has linear-attention layers "
-                    "(use kv_layout='auto' or 'concat')"
-                )
-            return "pool"
-        case "concat":
-            return "concat"
-        case unreachable:
-            assert_never(unreachable)
 
 
 @contextmanager

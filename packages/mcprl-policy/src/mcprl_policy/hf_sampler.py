@@ -19,7 +19,7 @@ import structlog
 
 from mcprl_policy.batcher import Batcher, Wakeup
 from mcprl_policy.completion import Completion
-from mcprl_policy.config import SamplingParams
+from mcprl_policy.config import DecodeForward, SamplingParams
 from mcprl_policy.decode import DecodeEngine, DecodeRequest
 from mcprl_policy.errors import SamplerError
 from mcprl_policy.policy import Policy
@@ -47,6 +47,7 @@ class HFSampler:
         prefix_cache_mb: memory for the KV of finished requests, reused when a later prompt extends one (the
             next turn of an episode prefills only the tool response); 0 turns it off. Cleared whenever the
             weights change.
+        decode_forward: the decode step's forward (`mcprl_policy.config.DecodeForward`).
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class HFSampler:
         max_batch_size: int = 64,
         max_wait_ms: float = 5.0,
         prefix_cache_mb: float = 0.0,
+        decode_forward: DecodeForward = "auto",
     ) -> None:
         self._batcher = Batcher(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
         if prefix_cache_mb < 0:
@@ -77,6 +79,7 @@ class HFSampler:
             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
             prefix_cache_bytes=int(prefix_cache_mb * 2**20),
             vocab_limit=policy.vocab_limit,
+            decode_forward=decode_forward,
         )
         self._waiters: dict[int, _Waiter] = {}
 
@@ -90,7 +93,8 @@ class HFSampler:
 
     def metrics(self) -> dict[str, float]:
         """Counters of the decode engine (forward passes, rows per pass, prefill tokens), and
-        ``sampler/kv_pool``: 1 when the running rows' cache is the preallocated pool, 0 when concatenated."""
+        ``sampler/kv_pool``: 1 when the running rows' cache is the preallocated pool, 0 when concatenated;
+        ``sampler/lean_forward``: 1 when decode steps run the lean forward, 0 the model's."""
         s = self.engine.stats
         return {
             "sampler/prefill_calls": float(s.prefill_calls),
@@ -102,6 +106,7 @@ class HFSampler:
             "sampler/prefix_hits": float(s.prefix_hits),
             "sampler/prefix_reused_tokens": float(s.prefix_tokens),
             "sampler/kv_pool": float(s.kv_layout == "pool"),
+            "sampler/lean_forward": float(s.decode_forward == "lean"),
         }
 
     async def sample(

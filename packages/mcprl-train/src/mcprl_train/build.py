@@ -151,6 +151,7 @@ def build_sampler(
                 max_batch_size=config.sampler.max_batch_size,
                 max_wait_ms=config.sampler.max_wait_ms,
                 prefix_cache_mb=config.sampler.prefix_cache_mb,
+                decode_forward=config.sampler.decode_forward,
             )
         case "vllm":
             from mcprl_policy import MissingExtraError

@@ -14,7 +14,7 @@ from attrs import validators as v
 
 from mcprl_grpo.choices import AggregationMode, KLEstimator
 from mcprl_grpo.choices import Estimator as GroupEstimator
-from mcprl_policy.config import AttnImplementation, DType, Precision
+from mcprl_policy.config import AttnImplementation, DecodeForward, DType, Precision
 from mcprl_train.errors import ConfigError
 
 __all__ = [
@@ -100,6 +100,8 @@ class SamplerConfig:
         prefix_cache_mb: HF backend: memory for reusing an episode's KV cache from one turn to the next (only
             the new tokens of a turn are prefilled); 0 prefills every turn whole.
         gpu_memory_utilization: vLLM's share of the device memory (also used by ``mcprl-train plan``).
+        decode_forward: HF backend: the decode step's forward, ``auto`` (the lean Llama/Qwen forward where the
+            model is supported), ``lean`` or ``model`` (`mcprl_policy.config.DecodeForward`).
     """
 
     backend: Literal["hf", "vllm"] = "hf"
@@ -107,6 +109,7 @@ class SamplerConfig:
     max_wait_ms: float = attrs.field(default=5.0, validator=v.ge(0.0))
     prefix_cache_mb: float = attrs.field(default=1024.0, validator=v.ge(0.0))
     gpu_memory_utilization: float = attrs.field(default=0.3, validator=[v.gt(0.0), v.le(0.95)])
+    decode_forward: DecodeForward = "auto"
 
 
 @attrs.frozen(kw_only=True)
