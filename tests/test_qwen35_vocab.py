@@ -137,18 +137,21 @@ def test_llama_cpps_test_texts_encode_as_tiktoken_does_and_decode_back(
     assert [t for t in texts if tokenizer.decode(tokenizer.encode(t, add_special_tokens=False)) != t] == []
 
 
-def test_the_qwen35_standin_has_248320_rows_and_round_trips_a_call(
-    tokenizer: PreTrainedTokenizerFast, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def standin_dir(tokenizer: PreTrainedTokenizerFast, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mcprl_policy.standin import save_standin_model
+
+    directory = tmp_path_factory.mktemp("qwen35")
+    return save_standin_model(directory, tokenizer, architecture="qwen3.5", vocabulary="qwen3.5")
+
+
+def test_the_qwen35_standin_has_248320_rows_and_round_trips_a_call(standin_dir: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     from mcprl_policy import Policy
-    from mcprl_policy.standin import save_standin_model
     from mcprl_policy.vocab import embedding_rows
 
-    directory = save_standin_model(
-        tmp_path / "qwen35", tokenizer, architecture="qwen3.5", vocabulary="qwen3.5"
-    )
+    directory = standin_dir
     config = AutoConfig.from_pretrained(directory)
     assert (config.vocab_size, config.eos_token_id, config.pad_token_id) == (248_320, 248_046, 248_044)
     loaded = AutoTokenizer.from_pretrained(directory)
@@ -176,6 +179,23 @@ def test_the_qwen35_standin_has_248320_rows_and_round_trips_a_call(
     parsed = get_parser("qwen3_coder").parse(turn, tools=TOOLS)
     assert parsed.errors == [], turn
     assert parsed.calls == calls, turn
+
+
+def test_doctor_passes_the_qwen35_standins_tokenizer_template_parser_and_vocabulary(
+    standin_dir: Path,
+) -> None:
+    from mcprl_train.commands.doctor import run_checks
+    from mcprl_train.config import Config
+
+    results = run_checks(Config.from_dict({"model": {"name": str(standin_dir)}}), servers=False)
+    model = [(r.name, r.ok, r.detail) for r in results if r.category == "model"]
+    assert [(name, ok) for name, ok, _ in model] == [
+        ("tokenizer", True),
+        ("template", True),
+        ("parser", True),
+        ("vocabulary", True),
+    ], model
+    assert model[2][2] == "env.parser=auto: recognised 'qwen3_coder'"
 
 
 def test_the_standin_refuses_a_tokenizer_of_another_vocabulary(
