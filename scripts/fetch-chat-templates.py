@@ -14,7 +14,8 @@ the directory. A second run finds the directory complete and prints it at once. 
 
 usage: scripts/fetch-chat-templates.py [--dir DIR]
 Exit status 0 prints the directory on stdout; anything else means the files could not be fetched (the
-reason is on stderr), and the tests that need them skip with that reason.
+reason is on stderr), and the tests that need them skip with that reason. Qwen3.5's vocabulary alone failing
+is reported on stderr with status 0: the tests that need it skip, naming the file.
 """
 
 from __future__ import annotations
@@ -125,7 +126,11 @@ def fetch(directory: Path) -> Path:
     if not _complete(directory):
         _fetch_llama_cpp(directory)
     if not (directory / QWEN35_VOCAB).is_file():
-        _fetch_qwen35_vocab(directory)
+        try:
+            _fetch_qwen35_vocab(directory)
+        except (RuntimeError, OSError, zipfile.BadZipFile) as exc:
+            # The templates and the other vocabularies stay usable; the tests of Qwen3.5's skip naming the file.
+            print(f"fetch-chat-templates: {QWEN35_VOCAB} not fetched: {exc}", file=sys.stderr)
     return directory
 
 
@@ -171,7 +176,7 @@ def main() -> int:
     args = parser.parse_args()
     try:
         directory = fetch(args.dir or default_dir())
-    except (RuntimeError, OSError, tarfile.TarError, zipfile.BadZipFile) as exc:
+    except (RuntimeError, OSError, tarfile.TarError) as exc:
         print(f"fetch-chat-templates: {exc}", file=sys.stderr)
         return 1
     print(directory)
