@@ -43,9 +43,9 @@ def standin_model(chat_templates_dir: Path, tmp_path_factory: pytest.TempPathFac
     Release ``"qwen3"`` or ``"qwen2.5"``: a two-layer ``Qwen3ForCausalLM`` with the release's tokenizer;
     ``"qwen3.5"``: a four-layer ``Qwen3_5ForCausalLM`` hybrid (gated-delta-net linear attention alternating with
     full attention) with the Qwen3 tokenizer, which holds every token Qwen3.5's template writes (Qwen3.5's own
-    248k vocabulary is not available offline). The directory holds what a hub checkpoint holds: config.json with
-    the 151,936-row vocabulary, weights, the tokenizer (`mcprl_policy.standin.qwen_tokenizer`) and the vendor's
-    template as published.
+    248k vocabulary, `qwen35_tokenizer`, stays out of this end-to-end stand-in: 248k-wide logits cost CI
+    time). The directory holds what a hub checkpoint holds: config.json with the 151,936-row vocabulary,
+    weights, the tokenizer (`mcprl_policy.standin.qwen_tokenizer`) and the vendor's template as published.
     """
     pytest.importorskip("gguf", reason="the Qwen vocabulary is read from a .gguf file: pip install gguf")
     from mcprl_policy.standin import QwenRelease, StandinArchitecture, qwen_tokenizer, save_standin_model

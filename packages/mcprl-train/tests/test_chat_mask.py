@@ -155,10 +155,17 @@ def test_a_demonstration_of_an_episodes_conversation_is_the_episodes_ids_and_mas
 
 def _real_tokenizer(chat_templates_dir: Path, name: str) -> Any:
     """The family's published vocabulary (`mcprl_policy.standin`) with the family's template."""
-    pytest.importorskip("gguf", reason="the vocabularies are read from .gguf files: pip install gguf")
-    from mcprl_policy.standin import llama_tokenizer, qwen_tokenizer
+    from mcprl_policy.standin import llama_tokenizer, qwen35_tokenizer, qwen_tokenizer
 
     template = (chat_templates_dir / FAMILIES[name][0]).read_text()
+    if name == "qwen3.5":
+        tiktoken_file = chat_templates_dir / "qwen3_6.tiktoken"
+        if not tiktoken_file.is_file():
+            pytest.skip(
+                f"qwen3_6.tiktoken is not in {chat_templates_dir}: scripts/fetch-chat-templates.py could not fetch it"
+            )
+        return qwen35_tokenizer(tiktoken_file, chat_template=template)
+    pytest.importorskip("gguf", reason="the vocabularies are read from .gguf files: pip install gguf")
     match name:
         case "llama3.1" | "hermes3":
             release = "llama3.1" if name == "llama3.1" else "hermes3"
@@ -169,7 +176,7 @@ def _real_tokenizer(chat_templates_dir: Path, name: str) -> Any:
             return qwen_tokenizer(gguf_file, release="qwen3", chat_template=template)
 
 
-@pytest.mark.parametrize("name", ["llama3.1", "hermes3", "qwen3-thinking-off"])
+@pytest.mark.parametrize("name", ["llama3.1", "hermes3", "qwen3-thinking-off", "qwen3.5"])
 def test_a_demonstration_is_the_episode_on_the_families_real_vocabulary(
     chat_templates_dir: Path, name: str
 ) -> None:

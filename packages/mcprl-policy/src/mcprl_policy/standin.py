@@ -5,12 +5,13 @@ touches outside the weights: a 151,936-row embedding, a tokenizer that decodes f
 tokens at the vendor's ids, and the vendor's chat template. A stand-in keeps all of those and shrinks only the
 transformer (two layers, hidden size 64), so a whole ``mcprl-train`` run fits a CPU test. The ``qwen3.5``
 architecture is Qwen3.5's hybrid decoder (``Qwen3_5ForCausalLM``: gated-delta-net linear-attention layers
-interleaved with gated full-attention layers) on the same vocabulary: Qwen3.5's own 248k vocabulary is not
-available offline, and the Qwen2/Qwen3 one holds every token its chat template writes.
+interleaved with gated full-attention layers), on the Qwen2/Qwen3 vocabulary (which holds every token Qwen3.5's
+template writes) or on Qwen3.5's own 248k vocabulary (`qwen35_tokenizer`, ``vocabulary="qwen3.5"``).
 
-The tokenizers (`qwen_tokenizer`, `llama_tokenizer`) are `mcprl_policy.gguf_tokenizers`' and re-exported here;
-this module builds the random-weight models that go with them: a ``Qwen3ForCausalLM`` or ``Qwen3_5ForCausalLM``
-of `QWEN_VOCAB_ROWS` rows (`save_standin_model`), a ``LlamaForCausalLM`` of `LLAMA3_VOCAB_ROWS` rows
+The tokenizers (`qwen_tokenizer`, `llama_tokenizer`, `qwen35_tokenizer`) are `mcprl_policy.gguf_tokenizers`' and
+`mcprl_policy.tiktoken_tokenizers`' and re-exported here; this module builds the random-weight models that go
+with them: a ``Qwen3ForCausalLM`` or ``Qwen3_5ForCausalLM`` of `QWEN_VOCAB_ROWS` or `QWEN35_VOCAB_ROWS` rows
+(`save_standin_model`), a ``LlamaForCausalLM`` of `LLAMA3_VOCAB_ROWS` rows
 (`save_llama_standin_model`).
 """
 
@@ -45,16 +46,20 @@ from mcprl_policy.gguf_tokenizers import (
     llama_tokenizer,
     qwen_tokenizer,
 )
+from mcprl_policy.tiktoken_tokenizers import QWEN35_BPE_IDS, QWEN35_VOCAB_ROWS, qwen35_tokenizer
 
 __all__ = [
     "LLAMA3_VOCAB_ROWS",
+    "QWEN35_VOCAB_ROWS",
     "QWEN_ADDED_TOKENS",
     "QWEN_VOCAB_ROWS",
     "LlamaRelease",
     "QwenRelease",
+    "QwenVocabulary",
     "StandinArchitecture",
     "llama_special_tokens",
     "llama_tokenizer",
+    "qwen35_tokenizer",
     "qwen_tokenizer",
     "save_llama_standin_model",
     "save_standin_model",
@@ -64,26 +69,48 @@ __all__ = [
 StandinArchitecture = Literal["qwen3", "qwen3.5"]
 """``qwen3``: ``Qwen3ForCausalLM``; ``qwen3.5``: the hybrid ``Qwen3_5ForCausalLM`` (linear + full attention)."""
 
+QwenVocabulary = Literal["qwen2", "qwen3.5"]
+"""``qwen2``: the Qwen2/2.5/3 BPE (`qwen_tokenizer`); ``qwen3.5``: Qwen3.5's own (`qwen35_tokenizer`)."""
+
 
 def save_standin_model(
     directory: Path,
     tokenizer: PreTrainedTokenizerFast,
     *,
     architecture: StandinArchitecture = "qwen3",
+    vocabulary: QwenVocabulary = "qwen2",
     hidden_size: int = 64,
     num_hidden_layers: int | None = None,
     seed: int = 0,
 ) -> Path:
-    """Save a random-weight ``architecture`` model with ``QWEN_VOCAB_ROWS`` rows and ``tokenizer`` to ``directory``.
+    """Save a random-weight ``architecture`` model with ``vocabulary``'s embedding rows and ``tokenizer``.
 
-    The layout is a hub checkpoint's (``config.json``, ``model.safetensors``, ``generation_config.json``,
-    the tokenizer files with the chat template), so anything that takes ``model.name`` loads it.
+    ``vocabulary`` sets the rows (`QWEN_VOCAB_ROWS` or `QWEN35_VOCAB_ROWS`) and the end-of-turn and padding ids,
+    which must be ``tokenizer``'s. The layout is a hub checkpoint's (``config.json``, ``model.safetensors``,
+    ``generation_config.json``, the tokenizer files with the chat template), so anything that takes
+    ``model.name`` loads it.
+
+    Raises:
+        ValueError: ``tokenizer`` is not ``vocabulary``'s (its ``<|im_end|>`` is elsewhere).
     """
+    match vocabulary:
+        case "qwen2":
+            rows, first_added = QWEN_VOCAB_ROWS, QWEN_BPE_IDS
+        case "qwen3.5":
+            rows, first_added = QWEN35_VOCAB_ROWS, QWEN35_BPE_IDS
+        case unreachable:
+            assert_never(unreachable)
+    eos, pad = first_added + 2, first_added  # <|im_end|>, <|endoftext|>
+    if tokenizer.convert_tokens_to_ids("<|im_end|>") != eos:
+        raise ValueError(
+            f"the tokenizer is not the {vocabulary} vocabulary: <|im_end|> is "
+            f"{tokenizer.convert_tokens_to_ids('<|im_end|>')}, expected {eos}"
+        )
     model = standin_model(
         architecture,
-        vocab_size=QWEN_VOCAB_ROWS,
-        eos_token_id=QWEN_BPE_IDS + 2,  # <|im_end|>
-        pad_token_id=QWEN_BPE_IDS,  # <|endoftext|>
+        vocab_size=rows,
+        eos_token_id=eos,
+        pad_token_id=pad,
         hidden_size=hidden_size,
         num_hidden_layers=num_hidden_layers,
         seed=seed,
