@@ -2,7 +2,8 @@
 
 The stand-in (`standin_model("qwen3.5", ...)` in conftest.py) is a random-weight ``Qwen3_5ForCausalLM``: four
 layers alternating gated-delta-net linear attention and full attention, the 151,936-row Qwen2/Qwen3 vocabulary
-(Qwen3.5's own 248k vocabulary is not available offline; the Qwen3 one holds every token its template writes)
+(the Qwen3 one holds every token Qwen3.5's template writes, and its output head is 40 % narrower than Qwen3.5's own
+248k vocabulary's, which `tests/test_qwen35_vocab.py` checks against the same template)
 and Qwen3.5's chat template as published. The sampler batches its conv and recurrent states
 (`mcprl_policy.cache_rows`); the learner runs the padded layout, because packing hybrids needs the
 linear-attention kernels to restart their state at every sequence boundary. The demo's MCP servers are real

