@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from e2e_testkit import run_cli
 
-pytestmark = pytest.mark.slow
+# Above the run's own 1,200 s limit, so that a slow run fails with its stderr, not pytest-timeout's 900 s default.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1260)]
 
 # Shortened demo: the cpu profile's full warm start (the model learns to copy prices only between SFT steps 300
 # and 450), then 10 GRPO steps of 16 tasks, one greedy validation of 200 tasks before and after (fixed seed).

@@ -1,10 +1,14 @@
-"""Shared fixtures: the embedded tiny model, built once per session into a private cache."""
+"""Shared fixtures: the embedded tiny model, built once per session into a private cache; the test kit
+(`decode_testkit.py`) on sys.path."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib adds no test directory
 
 from mcprl_policy import build_tiny_model
 

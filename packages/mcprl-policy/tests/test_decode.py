@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from decode_testkit import build_engine
 from torch.overrides import TorchFunctionMode
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -26,7 +27,6 @@ import mcprl_policy.token_choice
 from mcprl_policy import SamplingParams
 from mcprl_policy.batch_cache import KVLayout
 from mcprl_policy.decode import DecodeEngine, DecodeRequest
-from mcprl_policy.vocab import end_of_turn_ids
 
 _FACTORIES = {torch.tensor, torch.zeros, torch.ones, torch.full, torch.arange, torch.empty}
 _ENGINE_FILES = {
@@ -38,19 +38,6 @@ _ENGINE_FILES = {
 @pytest.fixture(scope="module")
 def model_and_tokenizer(tiny_dir: Path) -> tuple[Any, Any]:
     return AutoModelForCausalLM.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
-
-
-def _engine(model: Any, tokenizer: Any, params: SamplingParams, kv_layout: KVLayout = "auto") -> DecodeEngine:
-    return DecodeEngine(
-        model,
-        params=params,
-        stop_token_ids=end_of_turn_ids(tokenizer, model),
-        pad_token_id=int(tokenizer.pad_token_id),
-        max_batch_size=8,
-        decode=lambda ids: tokenizer.decode(ids),
-        prefix_cache_bytes=2**26,
-        kv_layout=kv_layout,
-    )
 
 
 def _run_two_turns(engine: DecodeEngine, tokenizer: Any, *, seeded: bool = False) -> None:
@@ -114,7 +101,9 @@ def test_every_draw_uses_a_generator_made_for_the_probabilities_device(
     model_and_tokenizer: tuple[Any, Any], recorded_generators: list[tuple[torch.device, Any]], seeded: bool
 ) -> None:
     model, tokenizer = model_and_tokenizer
-    engine = _engine(model, tokenizer, SamplingParams(temperature=1.0, top_p=0.9, seed=5))
+    engine = build_engine(
+        model, tokenizer, params=SamplingParams(temperature=1.0, top_p=0.9, seed=5), max_batch_size=8
+    )
     _run_two_turns(engine, tokenizer, seeded=seeded)
     device = next(model.parameters()).device
     assert recorded_generators, "the engine never sampled"
@@ -151,7 +140,7 @@ def test_every_tensor_the_engine_builds_is_made_on_the_models_device(
     model_and_tokenizer: tuple[Any, Any], params: SamplingParams, kv_layout: KVLayout
 ) -> None:
     model, tokenizer = model_and_tokenizer
-    engine = _engine(model, tokenizer, params, kv_layout)
+    engine = build_engine(model, tokenizer, params=params, max_batch_size=8, kv_layout=kv_layout)
     assert engine.stats.kv_layout == kv_layout
     device = next(model.parameters()).device
     with _FactoryDevices() as mode:
@@ -165,7 +154,9 @@ def test_same_seed_same_tokens_on_the_cpu(model_and_tokenizer: tuple[Any, Any]) 
     model, tokenizer = model_and_tokenizer
     runs = []
     for _ in range(2):
-        engine = _engine(model, tokenizer, SamplingParams(temperature=1.0, seed=11))
+        engine = build_engine(
+            model, tokenizer, params=SamplingParams(temperature=1.0, seed=11), max_batch_size=8
+        )
         request = DecodeRequest(prompt_ids=tokenizer.encode("price of ACME"), max_new_tokens=12)
         engine.pending.append(request)
         while not engine.idle:

@@ -13,6 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 import torch
+from decode_testkit import build_engine
 from transformers import (
     AutoTokenizer,
     PreTrainedModel,
@@ -103,14 +104,13 @@ def _generate_alone(model: PreTrainedModel, prompt: list[int], n: int, stop: int
 
 
 def _engine(policy: Policy, *, max_batch_size: int, prefix_cache_bytes: int) -> DecodeEngine:
-    return DecodeEngine(
+    return build_engine(
         policy.model,
+        policy.tokenizer,
         params=SamplingParams(temperature=0.0),
-        stop_token_ids=frozenset({_stop(policy)}),
-        pad_token_id=int(policy.tokenizer.pad_token_id),
         max_batch_size=max_batch_size,
-        decode=lambda ids: policy.tokenizer.decode(ids),
         prefix_cache_bytes=prefix_cache_bytes,
+        stop_token_ids=frozenset({_stop(policy)}),
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import pytest
 import torch
+from decode_testkit import build_engine
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -27,12 +28,11 @@ from transformers import (
 from transformers.cache_utils import DynamicLayer
 
 from mcprl_policy import SamplerError, SamplingParams, build_tiny_model
-from mcprl_policy.batch_cache import ConcatCache, KVLayout
+from mcprl_policy.batch_cache import ConcatCache
 from mcprl_policy.cache_rows import AttentionRow
 from mcprl_policy.decode import DecodeEngine, DecodeRequest
 from mcprl_policy.kv_pool import KVPool
 from mcprl_policy.standin import standin_model
-from mcprl_policy.vocab import end_of_turn_ids
 
 Model = tuple[PreTrainedModel, PreTrainedTokenizerBase]
 
@@ -55,22 +55,6 @@ def qwen3_gqa(tiny_dir: Path) -> Model:
     )
     assert model.config.num_key_value_heads < model.config.num_attention_heads
     return model.eval(), tokenizer
-
-
-def _engine(
-    model: Model, params: SamplingParams, kv_layout: KVLayout, *, max_batch_size: int = 5
-) -> DecodeEngine:
-    lm, tokenizer = model
-    return DecodeEngine(
-        lm,
-        params=params,
-        stop_token_ids=end_of_turn_ids(tokenizer, lm),
-        pad_token_id=int(tokenizer.pad_token_id),  # pyright: ignore[reportArgumentType]
-        max_batch_size=max_batch_size,
-        decode=lambda ids: str(tokenizer.decode(ids)),
-        prefix_cache_bytes=2**26,
-        kv_layout=kv_layout,
-    )
 
 
 def _prompt(tokenizer: PreTrainedTokenizerBase, i: int) -> list[int]:
@@ -155,7 +139,7 @@ def test_the_pool_gives_the_concatenating_caches_tokens_and_logprobs_bit_for_bit
     engines: dict[str, DecodeEngine] = {}
     for layout in ("concat", "pool"):
         torch.manual_seed(0)
-        engines[layout] = _engine(model, params, layout)
+        engines[layout] = build_engine(*model, params=params, max_batch_size=5, kv_layout=layout)
         runs[layout] = _workload(engines[layout], model[1], seeded=seeded)
     for old, new in zip(runs["concat"], runs["pool"], strict=True):
         assert new.token_ids == old.token_ids
@@ -174,7 +158,9 @@ def test_the_pool_gives_the_concatenating_caches_tokens_and_logprobs_bit_for_bit
 def test_a_decode_step_writes_into_the_pool_in_place_and_never_concatenates(
     tiny_8h: Model, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = _engine(tiny_8h, SamplingParams(temperature=0.0), "pool", max_batch_size=8)
+    engine = build_engine(
+        *tiny_8h, params=SamplingParams(temperature=0.0), max_batch_size=8, kv_layout="pool"
+    )
     requests = [DecodeRequest(prompt_ids=_prompt(tiny_8h[1], i), max_new_tokens=30) for i in range(4)]
     with torch.inference_mode():
         engine._admit(requests, engine.device)  # pyright: ignore[reportPrivateUsage]
@@ -285,5 +271,6 @@ def test_the_pool_is_refused_for_a_model_with_linear_attention(tiny_dir: Path) -
         pad_token_id=int(tokenizer.pad_token_id),
     )
     with pytest.raises(SamplerError, match="linear-attention"):
-        _engine((hybrid, tokenizer), SamplingParams(), "pool")
-    assert _engine((hybrid, tokenizer), SamplingParams(), "auto").stats.kv_layout == "concat"
+        build_engine(hybrid, tokenizer, params=SamplingParams(), max_batch_size=5, kv_layout="pool")
+    engine = build_engine(hybrid, tokenizer, params=SamplingParams(), max_batch_size=5)
+    assert engine.stats.kv_layout == "concat"
