@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import pytest
 import torch
-from decode_testkit import build_engine
+from decode_testkit import WORKLOAD_PARAMS, build_engine, mixed_workload, prompt_ids, tool_turn_ids
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -57,90 +57,21 @@ def qwen3_gqa(tiny_dir: Path) -> Model:
     return model.eval(), tokenizer
 
 
-def _prompt(tokenizer: PreTrainedTokenizerBase, i: int) -> list[int]:
-    ids: Any = tokenizer.apply_chat_template(
-        [{"role": "user", "content": f"What is {i} times the price of ACME?" + " Please." * (i % 5)}],
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-    )
-    return [int(t) for t in ids]
-
-
-def _tool_turn(tokenizer: PreTrainedTokenizerBase, i: int) -> list[int]:
-    ids: Any = tokenizer.apply_chat_template(
-        [{"role": "tool", "content": f'{{"price": {i}.5}}' * (1 + i % 3)}],
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-    )
-    return [int(t) for t in ids]
-
-
-def _drain(engine: DecodeEngine, requests: list[DecodeRequest], *, waves: int) -> None:
-    """Queue ``requests`` in ``waves`` parts, one engine call between parts: later ones join a running batch."""
-    size = -(-len(requests) // waves)
-    for start in range(0, len(requests), size):
-        engine.pending.extend(requests[start : start + size])
-        engine.run_until_finished()
-    while not engine.idle:
-        engine.run_until_finished()
-
-
-def _workload(
-    engine: DecodeEngine, tokenizer: PreTrainedTokenizerBase, *, seeded: bool
-) -> list[DecodeRequest]:
-    """Twelve first turns (2-30 new tokens), then a next turn for each (prefix-cache hits), staggered."""
-    first = [
-        DecodeRequest(
-            prompt_ids=_prompt(tokenizer, i),
-            max_new_tokens=(2, 9, 30, 5, 17, 3, 24, 11, 7, 20, 4, 13)[i],
-            seed=1000 + i if seeded and i % 3 else None,
-        )
-        for i in range(12)
-    ]
-    _drain(engine, first, waves=4)
-    second = [
-        DecodeRequest(
-            prompt_ids=[*r.prompt_ids, *r.token_ids, *_tool_turn(tokenizer, i)],
-            max_new_tokens=3 + (7 * i) % 19,
-            seed=2000 + i if seeded and i % 2 else None,
-        )
-        for i, r in enumerate(first)
-    ]
-    _drain(engine, second[::-1], waves=3)
-    return first + second
-
-
-_PARAMS = {
-    # The untrained tiny-8h's greedy choice is a newline, penalised or not: six of them are the stop string.
-    "greedy, penalty, stop string": (
-        SamplingParams(temperature=0.0, repetition_penalty=1.3, stop=("\n" * 6,)),
-        False,
-    ),
-    "sampled, seeded and not": (SamplingParams(temperature=1.0, top_p=0.95, top_k=50, seed=7), True),
-    "sampled, penalty, stop string": (
-        SamplingParams(temperature=0.8, repetition_penalty=1.2, stop=("e",), seed=3),
-        True,
-    ),
-}
-
-
 @pytest.mark.parametrize(
     ("model_name", "case"),
-    [("tiny_8h", case) for case in _PARAMS] + [("qwen3_gqa", "sampled, penalty, stop string")],
+    [("tiny_8h", case) for case in WORKLOAD_PARAMS] + [("qwen3_gqa", "sampled, penalty, stop string")],
 )
 def test_the_pool_gives_the_concatenating_caches_tokens_and_logprobs_bit_for_bit(
     model_name: str, case: str, request: pytest.FixtureRequest
 ) -> None:
     model: Model = request.getfixturevalue(model_name)
-    params, seeded = _PARAMS[case]
+    params, seeded = WORKLOAD_PARAMS[case]
     runs: dict[str, list[DecodeRequest]] = {}
     engines: dict[str, DecodeEngine] = {}
     for layout in ("concat", "pool"):
         torch.manual_seed(0)
         engines[layout] = build_engine(*model, params=params, max_batch_size=5, kv_layout=layout)
-        runs[layout] = _workload(engines[layout], model[1], seeded=seeded)
+        runs[layout] = mixed_workload(engines[layout], model[1], seeded=seeded)
     for old, new in zip(runs["concat"], runs["pool"], strict=True):
         assert new.token_ids == old.token_ids
         assert new.logprobs == old.logprobs
@@ -161,7 +92,7 @@ def test_a_decode_step_writes_into_the_pool_in_place_and_never_concatenates(
     engine = build_engine(
         *tiny_8h, params=SamplingParams(temperature=0.0), max_batch_size=8, kv_layout="pool"
     )
-    requests = [DecodeRequest(prompt_ids=_prompt(tiny_8h[1], i), max_new_tokens=30) for i in range(4)]
+    requests = [DecodeRequest(prompt_ids=prompt_ids(tiny_8h[1], i), max_new_tokens=30) for i in range(4)]
     with torch.inference_mode():
         engine._admit(requests, engine.device)  # pyright: ignore[reportPrivateUsage]
     pool = engine._cache  # pyright: ignore[reportPrivateUsage]
@@ -195,7 +126,7 @@ def test_rows_leaving_and_joining_keep_every_rows_keys(tiny_8h: Model) -> None:
         return lm(**kwargs, use_cache=True, logits_to_keep=1)
 
     def prefill(indices: range) -> tuple[DynamicCache, torch.Tensor]:
-        prompts = [_prompt(tokenizer, i) + _tool_turn(tokenizer, i) * (i % 3) for i in indices]
+        prompts = [prompt_ids(tokenizer, i) + tool_turn_ids(tokenizer, i) * (i % 3) for i in indices]
         width = max(map(len, prompts))
         ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])

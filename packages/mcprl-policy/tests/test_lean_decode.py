@@ -18,6 +18,7 @@ from typing import Any, TypedDict
 import attrs
 import pytest
 import torch
+from decode_testkit import WORKLOAD_PARAMS, build_engine, drain, mixed_workload, prompt_ids
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import (
@@ -38,7 +39,6 @@ from mcprl_policy.decode import DecodeEngine, DecodeRequest
 from mcprl_policy.kv_pool import KVPool
 from mcprl_policy.lean_decode import LeanDecoder, lean_unsupported_reason
 from mcprl_policy.standin import standin_model
-from mcprl_policy.vocab import end_of_turn_ids
 
 Model = tuple[nn.Module, PreTrainedTokenizerBase]
 
@@ -141,80 +141,7 @@ def llama_lora(tokenizer: PreTrainedTokenizerBase) -> Model:
 def _engine(
     model: Model, params: SamplingParams, decode_forward: DecodeForward, *, max_batch_size: int = 5
 ) -> DecodeEngine:
-    lm, tokenizer = model
-    return DecodeEngine(
-        lm,
-        params=params,
-        stop_token_ids=end_of_turn_ids(tokenizer, lm),
-        pad_token_id=int(tokenizer.pad_token_id),  # pyright: ignore[reportArgumentType]
-        max_batch_size=max_batch_size,
-        decode=lambda ids: str(tokenizer.decode(ids)),
-        prefix_cache_bytes=2**26,
-        decode_forward=decode_forward,
-    )
-
-
-def _chat(tokenizer: PreTrainedTokenizerBase, role: str, content: str) -> list[int]:
-    ids: Any = tokenizer.apply_chat_template(
-        [{"role": role, "content": content}], add_generation_prompt=True, tokenize=True, return_dict=False
-    )
-    return [int(t) for t in ids]
-
-
-def _prompt(tokenizer: PreTrainedTokenizerBase, i: int) -> list[int]:
-    return _chat(tokenizer, "user", f"What is {i} times the price of ACME?" + " Please." * (i % 5))
-
-
-def _drain(engine: DecodeEngine, requests: list[DecodeRequest], *, waves: int) -> None:
-    """Queue ``requests`` in ``waves`` parts, one engine call between parts: later ones join a running batch."""
-    size = -(-len(requests) // waves)
-    for start in range(0, len(requests), size):
-        engine.pending.extend(requests[start : start + size])
-        engine.run_until_finished()
-    while not engine.idle:
-        engine.run_until_finished()
-
-
-def _workload(
-    engine: DecodeEngine, tokenizer: PreTrainedTokenizerBase, *, seeded: bool
-) -> list[DecodeRequest]:
-    """Twelve first turns (2-30 new tokens), then a next turn for each (prefix-cache hits), staggered."""
-    first = [
-        DecodeRequest(
-            prompt_ids=_prompt(tokenizer, i),
-            max_new_tokens=(2, 9, 30, 5, 17, 3, 24, 11, 7, 20, 4, 13)[i],
-            seed=1000 + i if seeded and i % 3 else None,
-        )
-        for i in range(12)
-    ]
-    _drain(engine, first, waves=4)
-    second = [
-        DecodeRequest(
-            prompt_ids=[
-                *r.prompt_ids,
-                *r.token_ids,
-                *_chat(tokenizer, "tool", f'{{"price": {i}.5}}' * (1 + i % 3)),
-            ],
-            max_new_tokens=3 + (7 * i) % 19,
-            seed=2000 + i if seeded and i % 2 else None,
-        )
-        for i, r in enumerate(first)
-    ]
-    _drain(engine, second[::-1], waves=3)
-    return first + second
-
-
-_PARAMS = {
-    "greedy, penalty, stop string": (
-        SamplingParams(temperature=0.0, repetition_penalty=1.3, stop=("\n" * 6,)),
-        False,
-    ),
-    "sampled, seeded and not": (SamplingParams(temperature=1.0, top_p=0.95, top_k=50, seed=7), True),
-    "sampled, penalty, stop string": (
-        SamplingParams(temperature=0.8, repetition_penalty=1.2, stop=("e",), seed=3),
-        True,
-    ),
-}
+    return build_engine(*model, params=params, max_batch_size=max_batch_size, decode_forward=decode_forward)
 
 
 @pytest.fixture
@@ -227,7 +154,7 @@ def threads(request: pytest.FixtureRequest) -> Iterator[int]:
 
 @pytest.mark.parametrize(
     ("model_name", "case", "threads"),
-    [("tiny_8h", case, 1) for case in _PARAMS]
+    [("tiny_8h", case, 1) for case in WORKLOAD_PARAMS]
     + [("tiny_8h", "sampled, seeded and not", 2)]
     + [
         (name, "sampled, penalty, stop string", 1)
@@ -241,13 +168,13 @@ def test_the_lean_forward_gives_the_model_forwards_tokens_and_logprobs_bit_for_b
 ) -> None:
     del threads
     model: Model = request.getfixturevalue(model_name)
-    params, seeded = _PARAMS[case]
+    params, seeded = WORKLOAD_PARAMS[case]
     runs: dict[DecodeForward, list[DecodeRequest]] = {}
     engines: dict[DecodeForward, DecodeEngine] = {}
     for forward in ("model", "lean"):
         torch.manual_seed(0)
         engines[forward] = _engine(model, params, forward)
-        runs[forward] = _workload(engines[forward], model[1], seeded=seeded)
+        runs[forward] = mixed_workload(engines[forward], model[1], seeded=seeded)
     for old, new in zip(runs["model"], runs["lean"], strict=True):
         assert new.token_ids == old.token_ids
         assert new.logprobs == old.logprobs
@@ -286,7 +213,7 @@ def test_each_decode_steps_logits_and_pool_columns_are_the_model_forwards(
     """Step by step, unpadded rows (no mask: SDPA's grouped-query path) and padded ones (a boolean mask:
     repeated KV heads); the keys and values written into the pool are the same too."""
     lm, tokenizer = request.getfixturevalue(model_name)
-    prompts = [_prompt(tokenizer, i) for i in range(4)]
+    prompts = [prompt_ids(tokenizer, i) for i in range(4)]
     if not ragged:  # the same length: their last tokens
         prompts = [p[-min(map(len, prompts)) :] for p in prompts]
     assert (len({len(p) for p in prompts}) > 1) == ragged
@@ -328,8 +255,8 @@ def test_the_lean_engine_never_calls_the_decoder_layers(tiny_8h: Model) -> None:
     layers = [m for m in tiny_8h[0].modules() if isinstance(m, Qwen3DecoderLayer)]
     handles = [layer.register_forward_pre_hook(count) for layer in layers]
     try:
-        requests = [DecodeRequest(prompt_ids=_prompt(tiny_8h[1], i), max_new_tokens=12) for i in range(4)]
-        _drain(engine, requests, waves=1)
+        requests = [DecodeRequest(prompt_ids=prompt_ids(tiny_8h[1], i), max_new_tokens=12) for i in range(4)]
+        drain(engine, requests, waves=1)
     finally:
         for handle in handles:
             handle.remove()
@@ -389,7 +316,7 @@ def test_unsupported_models_take_the_model_forward_and_lean_names_why(
 def test_the_lean_forward_refuses_a_model_in_training_mode(qwen3_gqa: Model) -> None:
     lm, tokenizer = qwen3_gqa
     lean = LeanDecoder(lm)
-    (pool,) = _prefilled_pools(lm, [_prompt(tokenizer, 0)], 1)
+    (pool,) = _prefilled_pools(lm, [prompt_ids(tokenizer, 0)], 1)
     lm.train()
     try:
         with pytest.raises(SamplerError, match="eval mode"):
@@ -429,7 +356,7 @@ def test_the_hf_sampler_reports_its_decode_forward(tiny_dir: Path) -> None:
 def test_under_bf16_autocast_the_lean_step_is_the_model_forwards(llama_lora: Model) -> None:
     """``bf16-mixed`` sampling runs the engine under CPU autocast: the same submodules, the same casts."""
     lm, tokenizer = llama_lora
-    prompts = [_prompt(tokenizer, i) for i in range(3)]
+    prompts = [prompt_ids(tokenizer, i) for i in range(3)]
 
     def forward(**kwargs: Any) -> Any:
         return lm(**kwargs, use_cache=True, logits_to_keep=1)
