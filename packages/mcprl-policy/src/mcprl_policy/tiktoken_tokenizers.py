@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import TikTokenConverter
 
 from mcprl_policy.errors import ModelLoadError
+from mcprl_policy.gguf_tokenizers import QWEN_ADDED_TOKENS
 
 __all__ = [
     "QWEN35_ADDED_TOKENS",
@@ -48,32 +49,7 @@ QWEN35_PATTERN: Final = (
 # Qwen3's special flags (tool and thinking markers are not special, so decoding with skip_special_tokens keeps
 # them); the 7 audio/speech markers that Qwen3.5 adds are taken as special, like the vision markers.
 QWEN35_ADDED_TOKENS: Final = (
-    ("<|endoftext|>", True),
-    ("<|im_start|>", True),
-    ("<|im_end|>", True),
-    ("<|object_ref_start|>", True),
-    ("<|object_ref_end|>", True),
-    ("<|box_start|>", True),
-    ("<|box_end|>", True),
-    ("<|quad_start|>", True),
-    ("<|quad_end|>", True),
-    ("<|vision_start|>", True),
-    ("<|vision_end|>", True),
-    ("<|vision_pad|>", True),
-    ("<|image_pad|>", True),
-    ("<|video_pad|>", True),
-    ("<tool_call>", False),
-    ("</tool_call>", False),
-    ("<|fim_prefix|>", False),
-    ("<|fim_middle|>", False),
-    ("<|fim_suffix|>", False),
-    ("<|fim_pad|>", False),
-    ("<|repo_name|>", False),
-    ("<|file_sep|>", False),
-    ("<tool_response>", False),
-    ("</tool_response>", False),
-    ("<think>", False),
-    ("</think>", False),
+    *QWEN_ADDED_TOKENS["qwen3"],
     ("<|audio_start|>", True),
     ("<|audio_end|>", True),
     ("<tts_pad>", True),
