@@ -42,10 +42,11 @@ def standin_model(chat_templates_dir: Path, tmp_path_factory: pytest.TempPathFac
 
     Release ``"qwen3"`` or ``"qwen2.5"``: a two-layer ``Qwen3ForCausalLM`` with the release's tokenizer;
     ``"qwen3.5"``: a four-layer ``Qwen3_5ForCausalLM`` hybrid (gated-delta-net linear attention alternating with
-    full attention) with the Qwen3 tokenizer, which holds every token Qwen3.5's template writes (Qwen3.5's own
-    248k vocabulary, `qwen35_tokenizer`, stays out of this end-to-end stand-in: 248k-wide logits cost CI
-    time). The directory holds what a hub checkpoint holds: config.json with the 151,936-row vocabulary,
-    weights, the tokenizer (`mcprl_policy.standin.qwen_tokenizer`) and the vendor's template as published.
+    full attention) with the Qwen3 tokenizer, which holds every token Qwen3.5's template writes;
+    ``"qwen3.5-248k"``: the same hybrid with Qwen3.5's own vocabulary (`qwen35_tokenizer`, 248,320 embedding
+    rows; skipped with the reason when scripts/fetch-chat-templates.py could not fetch it). The directory holds
+    what a hub checkpoint holds: config.json, weights, the tokenizer (`mcprl_policy.standin.qwen_tokenizer` or
+    `mcprl_policy.tiktoken_tokenizers.qwen35_tokenizer`) and the vendor's template as published.
     """
     pytest.importorskip("gguf", reason="the Qwen vocabulary is read from a .gguf file: pip install gguf")
     from mcprl_policy.standin import QwenRelease, StandinArchitecture, qwen_tokenizer, save_standin_model
@@ -57,6 +58,14 @@ def standin_model(chat_templates_dir: Path, tmp_path_factory: pytest.TempPathFac
     }
 
     def save(release: str, template: str, directory: Path) -> Path:
+        if release == "qwen3.5-248k":
+            from mcprl_policy.tiktoken_tokenizers import qwen35_tokenizer
+
+            ranks = chat_templates_dir / "qwen3_6.tiktoken"
+            if not ranks.is_file():
+                pytest.skip(f"{ranks} is missing: scripts/fetch-chat-templates.py could not fetch it")
+            tokenizer = qwen35_tokenizer(ranks, chat_template=template)
+            return save_standin_model(directory, tokenizer, architecture="qwen3.5", vocabulary="qwen3.5")
         vocabulary, architecture = kinds[release]
         gguf = chat_templates_dir / "ggml-vocab-qwen2.gguf"
         tokenizer = qwen_tokenizer(gguf, release=vocabulary, chat_template=template)
