@@ -107,7 +107,10 @@ def test_a_driver_without_a_cuda_torch_is_refused_before_installing(tmp_path: Pa
 
 
 def _third_party_imports() -> dict[str, set[str]]:
-    """Top-level modules imported anywhere (lazily too) in the members' sources, with the files importing them."""
+    """Top-level modules imported anywhere (lazily too) in the members' sources, with the files importing them.
+
+    A module beside the importing file is first-party too: a script run by path (the sandbox supervisor) imports
+    its sibling package by its bare name."""
     first_party = ("mcprl_", "__future__")
     found: dict[str, set[str]] = {}
     for source in [*ROOT.glob("packages/*/src/**/*.py"), *ROOT.glob("apps/*/src/**/*.py")]:
@@ -120,7 +123,8 @@ def _third_party_imports() -> dict[str, set[str]]:
                 continue
             for name in names:
                 top = name.split(".")[0]
-                if top not in sys.stdlib_module_names and not top.startswith(first_party):
+                beside = (source.parent / top).is_dir() or (source.parent / f"{top}.py").is_file()
+                if top not in sys.stdlib_module_names and not top.startswith(first_party) and not beside:
                     found.setdefault(top, set()).add(str(source.relative_to(ROOT)))
     return found
 
