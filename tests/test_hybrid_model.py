@@ -1,9 +1,8 @@
 """End to end on a Qwen3.5-style hybrid: `mcprl-train` (warm start → GRPO → checkpoint → eval) on a stand-in.
 
 The stand-in (`standin_model("qwen3.5", ...)` in conftest.py) is a random-weight ``Qwen3_5ForCausalLM``: four
-layers alternating gated-delta-net linear attention and full attention; the full fine-tune runs on Qwen3.5's own
-248k vocabulary (`tests/test_qwen35_vocab.py` checks it), the LoRA run on the 151,936-row Qwen2/Qwen3 one, which
-holds every token Qwen3.5's template writes with a 40 % narrower output head
+layers alternating gated-delta-net linear attention and full attention, with Qwen3.5's own 248k vocabulary
+(`tests/test_qwen35_vocab.py` checks it; 248,320 embedding rows)
 and Qwen3.5's chat template as published. The sampler batches its conv and recurrent states
 (`mcprl_policy.cache_rows`); the learner runs the padded layout, because packing hybrids needs the
 linear-attention kernels to restart their state at every sequence boundary. The demo's MCP servers are real
@@ -33,22 +32,14 @@ pytestmark = pytest.mark.slow
 PADDED = ["--set", "optim.layout=padded"]
 
 
-VOCABULARIES = {"full": "qwen3.5-248k", "lora": "qwen3.5"}
-"""The stand-in each variant trains: Qwen3.5's own vocabulary for the full fine-tune, Qwen3's for LoRA."""
-VOCAB_LIMITS = {"qwen3.5-248k": 248_077, "qwen3.5": 151_669}
-
-
 @pytest.fixture(scope="module")
-def hybrid_standins(request: pytest.FixtureRequest, standin_model: StandinModel) -> dict[str, Path]:
-    return {
-        variant: standin_model(VOCABULARIES[variant], "Qwen3.5-4B.jinja")
-        for variant in selected_params(request, "variant")
-    }
+def hybrid_standin(standin_model: StandinModel) -> Path:
+    return standin_model("qwen3.5-248k", "Qwen3.5-4B.jinja")
 
 
 @pytest.fixture(scope="module")
 def runs(
-    request: pytest.FixtureRequest, hybrid_standins: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, hybrid_standin: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunPool]:
     pool = RunPool()
     for variant in selected_params(request, "variant"):
@@ -56,9 +47,7 @@ def runs(
         out = tmp_path_factory.mktemp(f"hybrid-{variant}")
         pool.submit(
             variant,
-            lambda launch, out=out, extra=extra, model=hybrid_standins[variant]: train_and_evaluate(
-                model, out, extra, launch
-            ),
+            lambda launch, out=out, extra=extra: train_and_evaluate(hybrid_standin, out, extra, launch),
         )
     yield pool
     pool.close()
@@ -66,13 +55,14 @@ def runs(
 
 @pytest.mark.parametrize("variant", ["full", "lora"])
 def test_qwen35_hybrid_standin_trains_checkpoints_and_evaluates(
-    hybrid_standins: dict[str, Path], runs: RunPool, variant: str
+    hybrid_standin: Path, runs: RunPool, variant: str
 ) -> None:
-    config = json.loads((hybrid_standins[variant] / "config.json").read_text())
+    config = json.loads((hybrid_standin / "config.json").read_text())
     assert config["architectures"] == ["Qwen3_5ForCausalLM"]
     assert set(config["layer_types"]) == {"linear_attention", "full_attention"}
+    assert config["vocab_size"] == 248_320
     result = runs.result(variant)
-    check_short_run(result, vocab_limit=VOCAB_LIMITS[VOCABULARIES[variant]])
+    check_short_run(result, vocab_limit=248_077)
     [grpo] = [r for r in read_jsonl(result.run / "metrics.jsonl") if r["kind"] == "grpo"]
     decode_calls = grpo["sampler/decode_calls"]
     assert isinstance(decode_calls, int | float), grpo
