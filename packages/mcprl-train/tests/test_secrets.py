@@ -59,6 +59,7 @@ def test_a_literal_env_secret_is_in_no_file_log_or_console_and_resume_asks_for_i
         "--set", "env.max_new_tokens_per_turn=8",
         "--set", "env.max_turns_by_difficulty={easy: 1, medium: 1, hard: 1}",
         "--set", "eval.every=0",
+        "--set", "eval.n_tasks=2",
         "--set", "tracking.wandb=offline",
         "--set", "tracking.progress=false",
     ]  # fmt: skip
@@ -104,8 +105,11 @@ def test_a_secret_given_on_the_command_line_is_not_in_wandbs_metadata(tmp_path: 
         "--set", f"run.output_dir={runs}",
         "--set", f"tools.mcp_servers.finance.env.API_KEY={CANARY}",
         "--set", "run.steps=0", "--set", "sft.enabled=false", "--set", "eval.every=0",
+        "--set", "eval.n_tasks=1", "--set", "env.max_new_tokens_per_turn=8",
+        "--set", "env.max_turns_by_difficulty={easy: 1, medium: 1, hard: 1}",
         "--set", "tracking.wandb=offline", "--set", "tracking.progress=false",
     ]  # fmt: skip
+    # run.steps=0 still evaluates before and after: one short task is enough for wandb to record the process.
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     # Offline, the command line is a record of the run's .wandb file (online: wandb-metadata.json's "args").
