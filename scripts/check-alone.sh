@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Prove a workspace library installs and passes its own tests ALONE: build its wheel (and the wheels of the
 # mcprl libraries it depends on), install them into a fresh venv outside the workspace with only pytest and
-# hypothesis beside them, and run the package's tests against the installed wheel (not the source tree).
-# Third-party versions are exactly uv.lock's (`uv sync --package`, no resolution), linked from uv's cache.
+# hypothesis beside them, import every module of the installed wheel, and run the package's fast tests against
+# it (not the source tree). Third-party versions are exactly uv.lock's (`uv sync --package`, no resolution),
+# linked from uv's cache.
+#
+# What installing alone can break is an import: a module or a code path needing a distribution the library
+# does not declare. Every module is imported here, and the fast tests reach the code paths; the `slow` tests
+# (long runs of the same code, already run by the workspace suite) reach no distribution the fast ones do not
+# (benchmarks/RESULTS.md, "CI time, second pass"), so they are deselected. ALONE_MARKERS overrides the selection.
 #
 # usage: [EXTRAS=a,b] scripts/check-alone.sh PACKAGE [INTERNAL_DEP ...]
 #   e.g. scripts/check-alone.sh mcprl-env mcprl-tools
@@ -35,9 +41,20 @@ uv pip install --quiet --no-compile-bytecode --python "$tmp/venv/bin/python" -c 
 uv pip check --quiet --python "$tmp/venv/bin/python"
 # The package must be imported from the wheel: run from a directory outside the workspace.
 cd "$tmp"
-pkg_mod=${pkg//-/_}
 export PYTHONPYCACHEPREFIX="$tmp/pycache"
 unset PYTHONDONTWRITEBYTECODE
-"$tmp/venv/bin/python" -c "import $pkg_mod, sys; assert '$root' not in $pkg_mod.__file__, $pkg_mod.__file__; print('$pkg alone:', $pkg_mod.__file__)"
-"$tmp/venv/bin/python" -m pytest "$root/packages/$pkg/tests" -q -p no:cacheprovider \
-  --rootdir "$root" -c "$root/pyproject.toml" -m "not gpu and not vllm"
+# Every module imported, then the tests in the same process (they reuse those imports: torch & co. load once).
+"$tmp/venv/bin/python" - "$pkg" "$root" "${ALONE_MARKERS:-not gpu and not vllm and not slow}" <<'EOF'
+import importlib, pkgutil, sys
+import pytest
+dist, root, markers = sys.argv[1:]
+name = dist.replace("-", "_")
+pkg = importlib.import_module(name)
+assert root not in pkg.__file__, f"{name} imported from the workspace: {pkg.__file__}"
+modules = [m.name for m in pkgutil.walk_packages(pkg.__path__, f"{name}.") if not m.name.endswith(".__main__")]
+for module in modules:
+    importlib.import_module(module)
+print(f"{name} alone: {pkg.__file__}, {len(modules)} modules imported")
+args = [f"{root}/packages/{dist}/tests", "-q", "-p", "no:cacheprovider", "--rootdir", root]
+sys.exit(pytest.main([*args, "-c", f"{root}/pyproject.toml", "-m", markers]))
+EOF
