@@ -7,8 +7,9 @@
 #
 # What installing alone can break is an import: a module or a code path needing a distribution the library
 # does not declare. Every module is imported here, and the fast tests reach the code paths; the `slow` tests
-# (long runs of the same code, already run by the workspace suite) reach no distribution the fast ones do not
-# (benchmarks/RESULTS.md, "CI time, second pass"), so they are deselected. ALONE_MARKERS overrides the selection.
+# are longer runs of the same code (already run by the workspace suite) and were measured to reach no
+# distribution the fast ones do not, beyond torch's own (benchmarks/RESULTS.md, "CI time, second pass"), so
+# they are deselected. ALONE_MARKERS overrides the selection (e.g. ALONE_MARKERS="not gpu and not vllm").
 #
 # usage: [EXTRAS=a,b] scripts/check-alone.sh PACKAGE [INTERNAL_DEP ...]
 #   e.g. scripts/check-alone.sh mcprl-env mcprl-tools
