@@ -37,6 +37,8 @@ def model_dir(root: Path, hidden: int, layers: int) -> tuple[Path, int]:
     config = AutoConfig.from_pretrained(out)
     config.hidden_size = hidden
     config.num_hidden_layers = layers
+    config.layer_types = ["full_attention"] * layers
+    config.max_window_layers = layers
     config.intermediate_size = 3 * hidden
     config.num_attention_heads = hidden // 64
     config.num_key_value_heads = hidden // 128

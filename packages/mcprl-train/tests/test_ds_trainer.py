@@ -73,7 +73,7 @@ def _overrides(tmp: Path, tasks: Path, run: str = RUN) -> list[str]:
         "env.max_new_tokens_per_turn=12",
         "env.max_turns_by_difficulty={easy: 2, medium: 2, hard: 2}",
         # One episode at a time per rank: a decode batch's other rows move a row's logprobs in the last bits, and
-        # which rows share a batch depends on tool latency; alone, two runs on the same weights agree bit for bit.
+        # which rows share a batch depends on tool latency; alone, two runs on the same weights sample alike.
         "collection.max_concurrent_episodes=1",
         "eval.every=1",
         "eval.n_tasks=2",

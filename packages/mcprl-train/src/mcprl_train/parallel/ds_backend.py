@@ -347,6 +347,7 @@ class DeepSpeedBackend:
         path, _ = self.engine.load_checkpoint(
             str(checkpoint), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
         )
+        self.replica_stale = self.replica is not None
         if full:
             self.publish()
         if path is None:
