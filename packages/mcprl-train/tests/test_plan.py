@@ -516,7 +516,7 @@ def test_a_plan_that_exceeds_the_device_says_it_does_not_fit() -> None:
     console.print(render_plan(plan))
     text = console.export_text()
     assert "does not fit" in text
-    assert "P 596.0M × 2 B, unpartitioned, per rank" in text
+    assert "P 596.0M × 2 B, gathered for sampling, released before the update" in text
     assert "https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json" in text
 
 
