@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mcprl_train import collectives
+from mcprl_train.config import Config
+from mcprl_train.errors import ConfigError
 from mcprl_train.loop.samples import Sample
 from mcprl_train.parallel.ds_backend import filler_sample, logit_chunks, pad_to_chunks
 from mcprl_train.typed_torch import tensor_list
@@ -42,3 +44,18 @@ def test_collectives_are_the_identity_in_one_process() -> None:
     assert collectives.all_gather_objects(3) == [3]
     assert collectives.all_reduce_scalar(2.5, "max") == 2.5
     assert collectives.mean_metrics({"x": 1.0}, maxed=("x",)) == {"x": 1.0}
+
+
+def test_sampling_is_the_engine_unless_a_replica_is_asked_for() -> None:
+    assert Config.load(profile="a100x2").distributed.sampling == "engine"
+    replica = Config.load(profile="a100x2", overrides=["distributed.sampling=replica"])
+    assert replica.distributed.sampling == "replica"
+    with pytest.raises(
+        ConfigError, match=r"distributed\.sampling: got 'copy'; expected one of 'engine', 'replica'"
+    ):
+        Config.load(profile="a100x2", overrides=["distributed.sampling=copy"])
+
+
+def test_overlap_under_deepspeed_says_it_would_need_a_replica() -> None:
+    with pytest.raises(ConfigError, match=r"distributed\.sampling=replica"):
+        Config.load(profile="a100x2", overrides=["collection.overlap=true"])

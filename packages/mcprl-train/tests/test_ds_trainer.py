@@ -1,8 +1,11 @@
 """`mcprl-train --profile a100x2` end to end: one command, 2 gloo ranks, ZeRO-3, the tiny model, real MCP servers.
 
 The a100x2 profile is overridden only where a CPU needs it (tiny model, fp32, no bf16 reduce in gloo, no
-gradient checkpointing) and to keep the run small; everything else — the DeepSpeed backend, ZeRO stage 3,
-the device count, the re-launch under torchrun — is the profile's own path.
+gradient checkpointing), to keep the run small, and to make the KL reference follow the policy every step (the
+profile's every 100 steps never come in a short run); everything else — the DeepSpeed backend, ZeRO stage 3,
+sampling from the engine's gathered weights, the device count, the re-launch under torchrun — is the profile's
+own path. The same run with a sampling replica per rank (``distributed.sampling=replica``) must give the same
+episodes, metrics and weights: both sample from the same weights.
 """
 
 from __future__ import annotations
@@ -10,12 +13,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import load_file  # pyright: ignore[reportUnknownVariableType]
 
 import mcprl_tasks
 from mcprl_train.run.run_dir import RunDir
@@ -23,6 +29,7 @@ from mcprl_train.run.run_dir import RunDir
 pytestmark = pytest.mark.slow
 
 RUN = "ds"
+REPLICA_RUN = "ds-replica"
 
 
 def _task_file(directory: Path) -> Path:
@@ -35,7 +42,7 @@ def _task_file(directory: Path) -> Path:
     return path
 
 
-def _overrides(tmp: Path, tasks: Path) -> list[str]:
+def _overrides(tmp: Path, tasks: Path, run: str = RUN) -> list[str]:
     return [
         "model.name=tiny",
         "model.device=cpu",
@@ -43,7 +50,7 @@ def _overrides(tmp: Path, tasks: Path) -> list[str]:
         "model.gradient_checkpointing=false",
         "distributed.bf16=false",  # gloo has no bf16 all-reduce; the rest is the a100x2 path
         f"run.output_dir={tmp / 'runs'}",
-        f"run.name={RUN}",
+        f"run.name={run}",
         "run.steps=2",
         "run.checkpoint_every=1",
         "run.seed=5",
@@ -61,9 +68,13 @@ def _overrides(tmp: Path, tasks: Path) -> list[str]:
         # on the output head's calls (ZeRO-3 gathers its weight collectively in each).
         "optim.logits_chunk_size=16",
         "optim.scheduler=constant",  # the profile's cosine ends at lr 0 on step 2: a resumed step 3 would not move
+        "reference.every=1",  # the reference's EMA reads the policy's full weights right after each update
+        "reference.ema=0.5",
         "env.max_new_tokens_per_turn=12",
         "env.max_turns_by_difficulty={easy: 2, medium: 2, hard: 2}",
-        "collection.max_concurrent_episodes=2",
+        # One episode at a time per rank: a decode batch's other rows move a row's logprobs in the last bits, and
+        # which rows share a batch depends on tool latency; alone, two runs on the same weights sample alike.
+        "collection.max_concurrent_episodes=1",
         "eval.every=1",
         "eval.n_tasks=2",
         "tracking.progress=false",
@@ -95,6 +106,14 @@ def trained(
     return tmp / "runs" / RUN, overrides, proc
 
 
+@pytest.fixture(scope="module")
+def replica_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    tmp = tmp_path_factory.mktemp("ds-replica")
+    overrides = [*_overrides(tmp, _task_file(tmp), REPLICA_RUN), "distributed.sampling=replica"]
+    proc = _mcprl_train("--profile", "a100x2", *[a for o in overrides for a in ("--set", o)])
+    return tmp / "runs" / REPLICA_RUN, proc
+
+
 def test_one_command_trains_the_a100x2_profile_on_two_ranks(
     trained: tuple[Path, list[str], subprocess.CompletedProcess[str]],
 ) -> None:
@@ -103,6 +122,7 @@ def test_one_command_trains_the_a100x2_profile_on_two_ranks(
     run_dir = RunDir.open(run)
     config = run_dir.load_config()
     assert (config.distributed.backend, config.distributed.zero_stage) == ("deepspeed", 3)
+    assert config.distributed.sampling == "engine"
     ranks = _ranks(run)
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert ranks[0]["digest"] == ranks[1]["digest"]
@@ -127,6 +147,7 @@ def test_one_command_trains_the_a100x2_profile_on_two_ranks(
     assert latest is not None
     assert latest.step == 2
     assert latest.meta["world_size"] == 2
+    assert latest.meta["sampling"] == "engine"
     assert (latest.path / "policy").is_dir()
     assert any((latest.path / "engine").iterdir())
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
@@ -135,8 +156,10 @@ def test_one_command_trains_the_a100x2_profile_on_two_ranks(
 def test_a_two_rank_run_resumes_from_its_checkpoint(
     trained: tuple[Path, list[str], subprocess.CompletedProcess[str]],
 ) -> None:
-    run, _, first = trained
+    original, _, first = trained
     assert first.returncode == 0, first.stderr[-3000:]
+    run = original.with_name(f"{RUN}-resumed")  # the original stays as it was for the replica comparison
+    shutil.copytree(original, run)
     before = _ranks(run)[0]["digest"]
     proc = _mcprl_train("--resume", str(run), "--set", "run.steps=3", "--set", "eval.every=0")
     assert proc.returncode == 0, proc.stderr[-6000:]
@@ -148,3 +171,63 @@ def test_a_two_rank_run_resumes_from_its_checkpoint(
     grpo = [r for r in RunDir.open(run).read_metrics().records if r["kind"] == "grpo"]
     assert [r["step"] for r in grpo] == [1, 2, 3]
     assert math.isfinite(grpo[-1]["loss/total"])
+
+
+_LEARNED = ("loss/", "ratio/", "clip/", "kl/", "adv/", "optim/", "value/", "rollout/reward")
+# The sampler's logprobs of the same tokens from the same weights agree to the last bit or two, not bit for bit:
+# ZeRO-3's gathered parameters are views into one flat all-gather buffer, and a one-row matrix product (a decode
+# step) on CPU rounds differently when its weight is not 16-byte aligned (measured: torch.nn.functional.linear
+# of one row, fp32, differs by up to 1.5e-5 at offsets of 1-3 floats, never at multiples of 4). Only they, and the
+# `mismatch/*` metrics computed from them, may differ; the learner recomputes π_old with the engine either way.
+_ULP_NEAR_8 = 2**-20
+
+
+def _learned(record: dict[str, Any]) -> dict[str, Any]:
+    """What a GRPO step computed from the episodes' tokens and the weights (no timings, no sampler logprobs)."""
+    return {k: v for k, v in record.items() if k.startswith(_LEARNED)}
+
+
+def _episodes(run: Path) -> dict[tuple[int, str], dict[str, Any]]:
+    return {(r["step"], r["episode_id"]): r for r in RunDir.open(run).read_trajectories().records}
+
+
+def test_sampling_from_the_engine_gives_the_replicas_episodes_metrics_and_weights(
+    trained: tuple[Path, list[str], subprocess.CompletedProcess[str]],
+    replica_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    engine, _, first = trained
+    replica, proc = replica_run
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert RunDir.open(replica).load_config().distributed.sampling == "replica"
+    engine_episodes, replica_episodes = _episodes(engine), _episodes(replica)
+    assert len(engine_episodes) >= 8
+    assert engine_episodes.keys() == replica_episodes.keys()
+    for key, ours in engine_episodes.items():
+        theirs = replica_episodes[key]
+        for field in ("token_ids", "loss_mask", "reward", "messages", "stop_reason"):
+            assert ours[field] == theirs[field], (key, field)
+        diffs = [
+            abs(a - b) for a, b in zip(ours["sampler_logprobs"], theirs["sampler_logprobs"], strict=True)
+        ]
+        assert max(diffs) <= 2 * _ULP_NEAR_8, key
+    engine_records = RunDir.open(engine).read_metrics().records
+    replica_records = RunDir.open(replica).read_metrics().records
+    engine_grpo = [_learned(r) for r in engine_records if r["kind"] == "grpo"]
+    replica_grpo = [_learned(r) for r in replica_records if r["kind"] == "grpo"]
+    assert len(engine_grpo) == 2
+    assert all("loss/kl" in r for r in engine_grpo)
+    assert engine_grpo == replica_grpo  # bit for bit: the same tokens, the same weights, the same reference
+    engine_evals = [(r["tag"], r["val/success_rate"]) for r in engine_records if r["kind"] == "eval"]
+    assert engine_evals == [(r["tag"], r["val/success_rate"]) for r in replica_records if r["kind"] == "eval"]
+    saved = sorted(p.relative_to(engine) for p in engine.glob("checkpoints/step-*/policy/model.safetensors"))
+    assert len(saved) >= 2
+    assert saved == sorted(
+        p.relative_to(replica) for p in replica.glob("checkpoints/step-*/policy/model.safetensors")
+    )
+    for name in saved:
+        ours, theirs = load_file(engine / name), load_file(replica / name)
+        assert ours.keys() == theirs.keys()
+        assert all(v.numel() > 0 and torch.equal(v, theirs[k]) for k, v in ours.items())
+    digests = {r["digest"] for r in [*_ranks(engine), *_ranks(replica)]}
+    assert len(digests) == 1

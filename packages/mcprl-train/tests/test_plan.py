@@ -102,8 +102,10 @@ def readme_estimate(config: Config, arch: tuple[int, int, int, int, int, int, in
     if mixed:
         rows["autocast weight copies"] = (t if lora is not None else big_l * p_lin + v * h) * w
     rows["optimizer states"] = opt / (n if z >= 1 else 1)
-    if ds.backend == "deepspeed":
+    if ds.backend == "deepspeed" and ds.sampling == "replica":
         rows["sampling replica"] = weights + (4 * t if lora else 0)
+    if ds.backend == "deepspeed" and ds.sampling == "engine" and z == 3:
+        rows["zero3 gathered weights"] = weights
     if lora is None and config.grpo.kl_coef > 0:
         rows["reference policy"] = p * w
     a = 2 * (4 * h + 4) + w * (2 * q + 2 * k) + 4 * heads + 3 * w * i + 4 * (q + k) + 4 * (heads + kv_heads)
@@ -403,20 +405,53 @@ def test_deepspeed_optimizer_state_equals_the_measured_bytes(tmp_path: Path, sta
     assert plan_memory(config, load_model_shape(model_dir)).bytes_of()["optimizer states"] == measured
 
 
-def test_a100x2_counts_the_replica_and_an_unpartitioned_reference_per_rank() -> None:
+def test_a100x2_counts_the_gathered_weights_while_sampling_and_an_unpartitioned_reference_per_rank() -> None:
     shape = load_model_shape("Qwen/Qwen3-0.6B")
     config = Config.load(profile="a100x2")
-    rows = plan_memory(config, shape).bytes_of()
+    assert config.distributed.sampling == "engine"
+    plan = plan_memory(config, shape)
+    rows = plan.bytes_of()
     p = 596_049_920
     assert shape.num_params == p
     assert rows["weights"] == p * 2 // 2
-    assert rows["sampling replica"] == p * 2
+    assert "sampling replica" not in rows
+    assert rows["zero3 gathered weights"] == p * 2
+    assert {r.name: r.phase for r in plan.rows}["zero3 gathered weights"] == "sampling"
     assert rows["reference policy"] == p * 2
     assert rows["zero3 gathered params"] == (151_936 * 1024 + 50_000_000) * 2
     assert rows["optimizer states"] == p * 12 // 2
     no_kl = plan_memory(config.replace(["grpo.kl_coef=0", "reference.every=0"]), shape).bytes_of()
     assert "reference policy" not in no_kl
-    assert no_kl["sampling replica"] == p * 2
+    assert no_kl["zero3 gathered weights"] == p * 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "saved"),
+    [
+        ([], False),  # a100x2's 64-sequence KV cache dominates: the peak is the sampling phase either way
+        (["sampler.max_batch_size=1", "model.gradient_checkpointing=false"], True),  # the update dominates
+    ],
+)
+def test_a_sampling_replica_is_resident_where_gathered_weights_live_only_while_sampling(
+    overrides: list[str], saved: bool
+) -> None:
+    shape = load_model_shape("Qwen/Qwen3-0.6B")
+    engine = plan_memory(Config.load(profile="a100x2", overrides=overrides), shape)
+    replica = plan_memory(
+        Config.load(profile="a100x2", overrides=[*overrides, "distributed.sampling=replica"]), shape
+    )
+    full = shape.num_params * 2
+    assert replica.bytes_of()["sampling replica"] == full
+    assert "zero3 gathered weights" not in replica.bytes_of()
+    assert replica.phase_bytes("resident") - engine.phase_bytes("resident") == full
+    assert engine.phase_bytes("sampling") - replica.phase_bytes("sampling") == full
+    assert engine.phase_bytes("update") == replica.phase_bytes("update")
+    assert replica.total - engine.total == (full if saved else 0)
+    for stage in (0, 1, 2):
+        staged = Config.load(profile="a100x2", overrides=[f"distributed.zero_stage={stage}"])
+        names = plan_memory(staged, shape).bytes_of().keys()
+        assert "sampling replica" not in names
+        assert "zero3 gathered weights" not in names
 
 
 def test_gradient_checkpointing_and_zero_stages_shrink_the_estimate() -> None:
@@ -434,7 +469,7 @@ def test_gradient_checkpointing_and_zero_stages_shrink_the_estimate() -> None:
     assert by_stage[1]["optimizer states"] == by_stage[0]["optimizer states"] // 2
     assert by_stage[2]["gradients"] == by_stage[1]["gradients"] // 2
     assert by_stage[3]["weights"] == by_stage[2]["weights"] // 2
-    assert all(rows["sampling replica"] == by_stage[3]["sampling replica"] for rows in by_stage.values())
+    assert by_stage[3]["zero3 gathered weights"] == by_stage[2]["weights"]
 
 
 def test_sliding_window_layers_bound_the_kv_cache(tmp_path: Path) -> None:
@@ -458,7 +493,11 @@ def test_the_peak_is_the_resident_rows_plus_the_larger_phase() -> None:
     assert plan.total == resident + max(update, sampling)
     assert plan.total < sum(rows.values())
     ds = plan_memory(Config.load(profile="a100x2"), shape)
-    assert {r.name for r in ds.rows if r.phase == "resident"} >= {"gradients", "sampling replica"}
+    assert {r.name for r in ds.rows if r.phase == "resident"} >= {"gradients", "reference policy"}
+    assert {r.name for r in ds.rows if r.phase == "sampling"} >= {
+        "zero3 gathered weights",
+        "sampler kv cache",
+    }
 
 
 def test_vllm_share_is_a_row_of_the_device_memory() -> None:
@@ -477,7 +516,7 @@ def test_a_plan_that_exceeds_the_device_says_it_does_not_fit() -> None:
     console.print(render_plan(plan))
     text = console.export_text()
     assert "does not fit" in text
-    assert "P 596.0M × 2 B, unpartitioned, per rank" in text
+    assert "P 596.0M × 2 B, gathered for sampling, released before the update" in text
     assert "https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json" in text
 
 
@@ -522,7 +561,8 @@ def test_the_plan_command_answers_for_a_profile_model_without_the_hub(tmp_path: 
     proc = plan_cli(tmp_path, "--profile", "a100x2")
     assert proc.returncode == 0, proc.stderr
     assert "Qwen/Qwen3-0.6B: 596.0 M params" in proc.stdout
-    assert "sampling replica" in proc.stdout
+    assert "zero3 gathered weights" in proc.stdout
+    assert "sampling replica" not in proc.stdout
     assert "fits" in proc.stdout
 
 

@@ -194,18 +194,41 @@ def _update_rows(config: Config, w: int, t: int) -> list[MemoryRow]:
 
 
 def _copy_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[MemoryRow]:
-    """DeepSpeed's per-rank sampling replica and a full fine-tune's frozen reference (never partitioned)."""
+    """What DeepSpeed's samplers read beyond the engine's partitions, and a full fine-tune's frozen reference.
+
+    ``distributed.sampling=replica``: a full copy per rank, resident. ``engine``: ZeRO 0-2 sample from the
+    engine's full weights (no row); ZeRO-3 gathers them to full size for collection and evaluation and releases
+    them before the update (`mcprl_train.parallel.gathered`), a ``sampling`` transient (also live right after
+    an optimizer step when the reference follows the policy, when the update's activations are already freed).
+    The reference is a full frozen copy on every rank, never partitioned.
+    """
     rows: list[MemoryRow] = []
     lora = config.lora is not None
-    if config.distributed.backend == "deepspeed":
+    ds = config.distributed
+    if ds.backend == "deepspeed":
         base, base_formula = _base_weights(config, shape, w)
-        rows.append(
-            MemoryRow(
-                name="sampling replica",
-                nbytes=base + (t * 4 if lora else 0),
-                formula=base_formula + (" + adapters" if lora else "") + ", unpartitioned, per rank",
-            )
-        )
+        match ds.sampling:
+            case "replica":
+                rows.append(
+                    MemoryRow(
+                        name="sampling replica",
+                        nbytes=base + (t * 4 if lora else 0),
+                        formula=base_formula + (" + adapters" if lora else "") + ", unpartitioned, per rank",
+                    )
+                )
+            case "engine" if ds.zero_stage == 3:
+                rows.append(
+                    MemoryRow(
+                        name="zero3 gathered weights",
+                        nbytes=base,
+                        formula=base_formula + ", gathered for sampling, released before the update",
+                        phase="sampling",
+                    )
+                )
+            case "engine":
+                pass
+            case _ as unreachable:
+                assert_never(unreachable)
     if not lora and config.grpo.kl_coef > 0:
         p = shape.num_params
         rows.append(

@@ -352,6 +352,10 @@ class DistributedConfig:
         num_gpus: Processes/devices per node.
         bf16: DeepSpeed bf16 mixed precision (fp32 master weights and optimizer states).
         device_memory_gb: Memory per device assumed by ``mcprl-train plan`` (None: detect the local device).
+        sampling: What each rank's samplers generate from. ``engine``: the engine's own module (ZeRO 0-2 hold
+            full weights; ZeRO-3 gathers them between updates, see `mcprl_train.parallel.gathered`).
+            ``replica``: a full copy per rank, refreshed after each update: more memory, kept for a sampler
+            that must run while the engine updates (collection beside the update, ``collection.overlap``).
     """
 
     backend: Literal["none", "deepspeed"] = "none"
@@ -359,3 +363,4 @@ class DistributedConfig:
     num_gpus: int = attrs.field(default=1, validator=v.ge(1))
     bf16: bool = False
     device_memory_gb: float | None = attrs.field(default=None, validator=v.optional(v.gt(0.0)))
+    sampling: Literal["engine", "replica"] = "engine"

@@ -142,7 +142,8 @@ class Config:
             raise ConfigError(
                 f"collection.overlap: true with distributed.backend={self.distributed.backend}: the update's "
                 "collectives and the collection's all-gathers would run from two threads, in an order that may "
-                "differ between ranks; set collection.overlap=false"
+                "differ between ranks (and the collection would need weights the update does not change: "
+                "distributed.sampling=replica); set collection.overlap=false"
             )
         recompute = (
             grpo.ppo_epochs * grpo.minibatches > 1

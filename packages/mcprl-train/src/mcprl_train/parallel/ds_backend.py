@@ -6,14 +6,32 @@ section describes the whole path):
 - The trained policy lives in a DeepSpeed engine (a torch AdamW handed to ``deepspeed.initialize``); each
   rank's loss is multiplied by the world size, undoing the engine's gradient averaging, while the learner sums
   the loss normaliser over the ranks: one update equals a single process's update on every rank's samples.
-- A full *replica* per rank is what the samplers read (`sampling_policy`); `publish` gathers the trained
-  parameters into it (collective), so generating and evaluating need no ZeRO collective.
+- What the samplers read (`sampling_policy`) is set by ``distributed.sampling``:
+
+  - ``engine`` (the default): the engine's own module. ZeRO 0-2 keep full parameters on every rank, so the
+    samplers read the live weights and `publish` copies nothing. ZeRO-3 gathers the parameters to full size
+    (`mcprl_train.parallel.gathered`) in `publish`; any engine call of the update (`lay_out`, `forward`, ...)
+    releases them first. The full weights are thus a transient of collection and evaluation, never next to the
+    update's activations.
+  - ``replica``: a second full copy per rank; `publish` gathers the trained parameters into it (collective).
+
+  Either way, when the KL reference follows the policy (``reference.every > 0``: its EMA or re-sync reads
+  `sampling_policy` right after the update, before the trainer publishes), each optimizer step ends with a
+  `publish`, so the reference reads the updated weights.
+
+- The KL reference (built by the trainer from `sampling_policy` when ``grpo.kl_coef > 0``, not at all
+  otherwise) is a full frozen copy on every rank, not a partitioned inference-only engine as TRL's
+  ``prepare_deepspeed`` makes for ZeRO-3: `mcprl_policy.ReferencePolicy`'s EMA/re-sync and its checkpointed
+  ``state_dict`` read and write whole tensors of both models, which ZeRO-3 partitions would present as empty
+  ones. A partitioned reference needs those to work per partition (two engines partition each parameter
+  alike), in mcprl-policy's reference and the learner's type for it.
 - Under ZeRO-3 every module call all-gathers parameters, so `lay_out` makes the ranks agree on the number of
   micro-batches and, per micro-batch, of logits chunks (the output head runs once per
   `Policy.logits_chunk_size` rows), topping up with filler sequences whose action mask is empty.
-- A checkpoint holds the replica's full weights as ``policy/`` and every rank's engine partition (parameters,
-  optimizer states) as ``engine/``, staged next to the checkpoints and moved in by rank 0. Resuming needs the
-  same number of ranks.
+- A checkpoint holds the full weights as ``policy/`` (``save_pretrained`` of `sampling_policy`: the engine's
+  module, gathered under ZeRO-3, or the replica, equal to it after `publish`) and every rank's engine partition
+  (parameters, optimizer states) as ``engine/``, staged next to the checkpoints and moved in by rank 0.
+  Resuming needs the same number of ranks.
 
 Every public method that touches the engine is collective: all ranks call it together.
 """
@@ -37,6 +55,7 @@ from mcprl_train.errors import DistributedError
 from mcprl_train.loop.samples import Sample
 from mcprl_train.loop.update import CheckpointWriter, adamw
 from mcprl_train.parallel.deepspeed import deepspeed_config, require_deepspeed
+from mcprl_train.parallel.gathered import GatheredWeights
 from mcprl_train.typed_torch import tensor_list
 
 __all__ = [
@@ -107,7 +126,7 @@ def pad_to_chunks(samples: list[Sample], target: int, chunk_size: int, token_id:
 
 
 def deepspeed_backend(config: Config, *, source: str | None = None) -> DeepSpeedBackend:
-    """This rank's trained policy in a DeepSpeed engine, with its sampling replica (collective).
+    """This rank's trained policy in a DeepSpeed engine, and its sampling replica if asked for (collective).
 
     Args:
         config: The run config (``model.device`` already pointing at this rank's device).
@@ -130,8 +149,8 @@ def deepspeed_backend(config: Config, *, source: str | None = None) -> DeepSpeed
         )
     if config.sampler.backend != "hf":
         raise DistributedError(
-            f"sampler.backend={config.sampler.backend}: under DeepSpeed each rank samples from its replica "
-            "with the HF sampler (sampler.backend=hf)"
+            f"sampler.backend={config.sampler.backend}: under DeepSpeed each rank samples from the engine's "
+            "weights (or its replica) with the HF sampler (sampler.backend=hf)"
         )
     if config.grpo.tasks_per_step < world:
         raise DistributedError(
@@ -142,23 +161,24 @@ def deepspeed_backend(config: Config, *, source: str | None = None) -> DeepSpeed
     if collectives.rank() != 0:
         collectives.barrier()
     policy = build_policy(config, source=source)
-    replica = build_policy(config, source=source)
+    replica = build_policy(config, source=source) if config.distributed.sampling == "replica" else None
     if collectives.rank() == 0:
         collectives.barrier()
     return DeepSpeedBackend(policy, replica, config)
 
 
 class DeepSpeedBackend:
-    """The trained policy in a DeepSpeed engine and a full replica to sample from (see the module docstring).
+    """The trained policy in a DeepSpeed engine, sampled from directly or via a replica (module docstring).
 
     Args:
         policy: The trained policy (full fine-tune; ZeRO-3 partitions its parameters).
-        replica: A second copy of the same policy, for the samplers (eval mode, no gradients).
+        replica: A second copy of the same policy for the samplers (eval mode, no gradients); None: the
+            samplers read the engine's module (``distributed.sampling=engine``).
         config: The run config (``optim`` for AdamW and the layout, ``distributed`` for the engine, ``grpo``
-            for whether the value head trains).
+            for whether the value head trains, ``reference`` for whether it reads the weights after updates).
     """
 
-    def __init__(self, policy: Policy, replica: Policy, config: Config) -> None:
+    def __init__(self, policy: Policy, replica: Policy | None, config: Config) -> None:
         deepspeed = require_deepspeed()
         with_values = config.grpo.estimator == "gae"
         if policy.value_head is not None and not with_values:
@@ -166,12 +186,15 @@ class DeepSpeedBackend:
             # where it never receives a gradient).
             policy.value_head.requires_grad_(False)
         self.policy = policy
-        self.sampling_policy = replica
-        replica.eval()
-        for param in replica.model.parameters():
-            param.requires_grad_(False)
+        self.replica = replica
+        self.sampling_policy = replica if replica is not None else policy
+        if replica is not None:
+            replica.eval()
+            for param in replica.model.parameters():
+                param.requires_grad_(False)
         self.world = collectives.world_size()
         self.zero_stage = config.distributed.zero_stage
+        self.sampling = config.distributed.sampling
         self.chunk_size = int(policy.logits_chunk_size)
         tokenizer = policy.tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -185,12 +208,21 @@ class DeepSpeedBackend:
             model_parameters=params,
             config=deepspeed_config(config),
         )
+        # The reference (a copy of `sampling_policy`'s weights) follows them by EMA or re-sync right after the
+        # update, before the trainer's `publish`: they must be the updated weights by the end of each step.
+        self.publish_after_step = config.grpo.kl_coef > 0 and config.reference.every > 0
+        self.replica_stale = replica is not None
+        self.gathered: GatheredWeights | None = None
+        if replica is None and self.zero_stage == 3:
+            self.gathered = GatheredWeights(self.engine)
+            self.gathered.gather()
 
     # -- the update -----------------------------------------------------------------------------------------
 
     def forward(
         self, sequences: Sequence[Sequence[int]], *, temperature: float, values: bool
     ) -> PackedForward:
+        self._release()
         ids = [list(s) for s in sequences]
         logprobs, entropies, value_out, valid = self.engine(ids, temperature, values)
         return PackedForward(
@@ -203,6 +235,7 @@ class DeepSpeedBackend:
 
     def lay_out(self, batches: list[list[Sample]]) -> tuple[list[list[Sample]], int]:
         """Pad to the ranks' largest micro-batch count and, per index, their largest logits-chunk count."""
+        self._release()
         count = int(collectives.all_reduce_scalar(float(len(batches)), "max"))
         given = len(batches)
         batches = [*batches, *([filler_sample(2, self.filler_token)] for _ in range(count - given))]
@@ -219,28 +252,47 @@ class DeepSpeedBackend:
         return padded, fillers
 
     def zero_grad(self) -> None:
+        self._release()
         self.engine.zero_grad()
 
     def backward(self, loss: torch.Tensor) -> None:
+        self._release()
         # The engine averages gradients over the ranks; the normaliser was already summed over them.
         self.engine.backward(loss * self.world)
 
     def step(self) -> float:
         """``engine.step`` (reduction, clipping at ``optim.max_grad_norm``, AdamW); the pre-clip norm."""
+        self._release()
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
+        self.replica_stale = self.replica is not None
+        if self.publish_after_step:
+            self.publish()
         return float(norm) if norm is not None else float("nan")
 
-    # -- the replica ----------------------------------------------------------------------------------------
+    # -- sampling -------------------------------------------------------------------------------------------
+
+    def _release(self) -> None:
+        """Back to the partitions before the engine computes (local: no collective)."""
+        if self.gathered is not None:
+            self.gathered.release()
 
     def publish(self) -> None:
-        """Gather every engine parameter to full size (collective) and load it into this rank's replica."""
+        """Make the trained weights the samplers' (collective).
+
+        ``engine`` sampling: ZeRO-3 gathers every parameter to full size (a no-op when they still are); ZeRO
+        0-2 have nothing to do. ``replica``: gather every engine parameter and load it into the replica (once
+        per optimizer step).
+        """
+        if self.gathered is not None:
+            self.gathered.gather()
+        if self.replica is None or not self.replica_stale:
+            return
+        self.replica_stale = False
         deepspeed = require_deepspeed()
-        replica = {f"model.{n}": p for n, p in self.sampling_policy.model.named_parameters()}
-        if self.sampling_policy.value_head is not None:
-            replica.update(
-                {f"value_head.{n}": p for n, p in self.sampling_policy.value_head.named_parameters()}
-            )
+        replica = {f"model.{n}": p for n, p in self.replica.model.named_parameters()}
+        if self.replica.value_head is not None:
+            replica.update({f"value_head.{n}": p for n, p in self.replica.value_head.named_parameters()})
         with torch.no_grad():
             for name, param in self.module.named_parameters():
                 with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
@@ -260,8 +312,11 @@ class DeepSpeedBackend:
     def save_partitions(self, root: Path) -> dict[str, CheckpointWriter]:
         """Every rank's engine partition into a staging directory under ``root`` (collective).
 
-        Returns the ``engine`` part for rank 0's checkpoint: it moves the staged files in.
+        Returns the ``engine`` part for rank 0's checkpoint: it moves the staged files in. Gathered ZeRO-3
+        weights are released for the engine's save and gathered again after it, for the ``policy/`` part.
         """
+        full = self.gathered is not None and self.gathered.full
+        self._release()
         staging = root / _STAGING
         if collectives.rank() == 0:
             root.mkdir(parents=True, exist_ok=True)
@@ -270,6 +325,8 @@ class DeepSpeedBackend:
         collectives.barrier()
         self.engine.save_checkpoint(str(staging), tag=ENGINE_TAG, save_latest=False)
         collectives.barrier()
+        if full:
+            self.publish()
         engine_dir = staging / ENGINE_TAG
 
         def move(target: Path) -> None:
@@ -285,9 +342,14 @@ class DeepSpeedBackend:
         Raises:
             DistributedError: nothing loadable there (missing files, or saved by a different number of ranks).
         """
+        full = self.gathered is not None and self.gathered.full
+        self._release()
         path, _ = self.engine.load_checkpoint(
             str(checkpoint), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
         )
+        self.replica_stale = self.replica is not None
+        if full:
+            self.publish()
         if path is None:
             raise DistributedError(
                 f"no DeepSpeed engine state under {str(checkpoint / ENGINE_TAG)!r} (a checkpoint resumes only "
@@ -295,4 +357,4 @@ class DeepSpeedBackend:
             )
 
     def checkpoint_meta(self) -> dict[str, Any]:
-        return {"world_size": self.world, "zero_stage": self.zero_stage}
+        return {"world_size": self.world, "zero_stage": self.zero_stage, "sampling": self.sampling}
