@@ -178,24 +178,32 @@ def one_process_group() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("one_process_group")
-def test_deepspeed_zero3_update_on_one_gpu_reaches_the_sampling_replica() -> None:
+@pytest.mark.parametrize("sampling", ["engine", "replica"])
+def test_deepspeed_zero3_update_on_one_gpu_reaches_the_samplers_weights(sampling: str) -> None:
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (the deepspeed extra)")
     from mcprl_train.parallel.deepspeed import init_distributed
     from mcprl_train.parallel.ds_backend import deepspeed_backend
 
-    config = Config.load("a100x2", overrides=[*SMALL, "reference.every=0", "distributed.num_gpus=1"])
+    config = Config.load(
+        "a100x2",
+        overrides=[*SMALL, "reference.every=0", "distributed.num_gpus=1", f"distributed.sampling={sampling}"],
+    )
     assert (config.distributed.zero_stage, config.distributed.bf16) == (3, True)
     assert init_distributed() == (0, 1)
     manual_seed(0)
     backend = deepspeed_backend(config)
-    replica = backend.sampling_policy
-    assert replica.device.type == "cuda"
-    before = [p.detach().clone() for p in replica.model.parameters()]
-    learner = Learner(policy=backend.policy, config=config, total_steps=1, seed=0, backend=backend)
-    _one_update(learner, replica)
     backend.publish()
-    moved = [not torch.equal(a, b) for a, b in zip(before, replica.model.parameters(), strict=True)]
-    assert sum(moved) > len(moved) // 2, f"{sum(moved)} of {len(moved)} replica tensors moved"
+    sampled = backend.sampling_policy
+    assert sampled.device.type == "cuda"
+    before = [p.detach().clone() for p in sampled.model.parameters()]
+    assert all(t.numel() > 0 for t in before), "the samplers' weights are not full size after publish"
+    learner = Learner(policy=backend.policy, config=config, total_steps=1, seed=0, backend=backend)
+    _one_update(learner, sampled)
+    backend.publish()
+    after = list(sampled.model.parameters())
+    assert [t.shape for t in after] == [t.shape for t in before]
+    moved = [not torch.equal(a, b) for a, b in zip(before, after, strict=True)]
+    assert sum(moved) > len(moved) // 2, f"{sum(moved)} of {len(moved)} sampled tensors moved"
 
 
 def test_vllm_sampler_on_cuda_matches_the_learners_logprobs() -> None:
