@@ -18,6 +18,7 @@ Prints one line per child and a summary table (markdown) to paste into benchmark
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 EPISODES = 64
 TURNS = 3
@@ -41,6 +43,21 @@ def _child(rounds: int) -> dict[str, float]:
 
     from mcprl_policy import Policy, SamplingParams, build_tiny_model
     from mcprl_policy.vllm_sampler import VLLMSampler
+
+    # Both samplers step vLLM's LLMEngine (one generate call loops over `step`): count the steps and their
+    # thread CPU time, which the load on a shared machine moves far less than wall time.
+    steps = {"n": 0.0, "cpu": 0.0}
+    llm_engine: Any = importlib.import_module("vllm.v1.engine.llm_engine").LLMEngine
+    engine_step = llm_engine.step
+
+    def counted_step(self: Any) -> list[Any]:
+        cpu = time.thread_time()
+        outputs = engine_step(self)
+        steps["n"] += 1
+        steps["cpu"] += time.thread_time() - cpu
+        return outputs
+
+    llm_engine.step = counted_step
 
     policy = Policy.from_pretrained(
         str(build_tiny_model("tiny", cache_dir=Path("/tmp/mcprl-bench-models"))), value_head=False
@@ -101,6 +118,8 @@ def _child(rounds: int) -> dict[str, float]:
         "turn_latency_mean_ms": 1000 * statistics.fmean(latencies),
         "turn_latency_p50_ms": 1000 * latencies[len(latencies) // 2],
         "turn_latency_p90_ms": 1000 * latencies[int(len(latencies) * 0.9)],
+        "engine_steps_per_round": steps["n"] / (rounds + 1),
+        "step_thread_cpu_s_per_round": steps["cpu"] / (rounds + 1),
     }
 
 
@@ -143,7 +162,9 @@ def main() -> None:
     for side, runs in results.items():
         b = min(runs, key=lambda r: r["wall_s"])
         print(
-            f"| {side} | {b['wall_s']:.2f} | {min(r['cpu_s'] for r in runs):.2f} | {b['tokens']:.0f} | "
+            f"| {side} | {b['wall_s']:.2f} | {min(r['cpu_s'] for r in runs):.2f} | "
+            f"{b['engine_steps_per_round']:.0f} | {min(r['step_thread_cpu_s_per_round'] for r in runs):.2f} | "
+            f"{b['tokens']:.0f} | "
             f"{b['tokens_per_s']:,.0f} | {b['turn_latency_mean_ms']:.0f} / {b['turn_latency_p50_ms']:.0f} / "
             f"{b['turn_latency_p90_ms']:.0f} |"
         )
