@@ -102,6 +102,7 @@ def _child(rounds: int) -> dict[str, float]:
         return time.perf_counter() - wall, time.process_time() - cpu, generated, latencies
 
     anyio.run(one_round)  # warm-up (the engine's first steps compile)
+    steps.update(n=0.0, cpu=0.0)
     best: tuple[float, float, int, list[float]] | None = None
     for _ in range(rounds):
         result = anyio.run(one_round)
@@ -118,8 +119,8 @@ def _child(rounds: int) -> dict[str, float]:
         "turn_latency_mean_ms": 1000 * statistics.fmean(latencies),
         "turn_latency_p50_ms": 1000 * latencies[len(latencies) // 2],
         "turn_latency_p90_ms": 1000 * latencies[int(len(latencies) * 0.9)],
-        "engine_steps_per_round": steps["n"] / (rounds + 1),
-        "step_thread_cpu_s_per_round": steps["cpu"] / (rounds + 1),
+        "engine_steps_per_round": steps["n"] / rounds,
+        "step_thread_cpu_s_per_round": steps["cpu"] / rounds,
     }
 
 
@@ -156,9 +157,10 @@ def main() -> None:
             print(f"{side} #{repeat}: {json.dumps(result)} load={os.getloadavg()[0]:.1f}", flush=True)
     print(
         f"\n| sampler ({EPISODES} episodes x {TURNS} turns, best of {args.repeats}x{args.rounds}) | wall (s) "
-        "| CPU (s) | tokens | tokens/s | turn latency mean / p50 / p90 (ms) |"
+        "| process CPU (s) | engine steps | step thread CPU (s) | tokens | tokens/s | turn latency mean / p50 / "
+        "p90 (ms) |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for side, runs in results.items():
         b = min(runs, key=lambda r: r["wall_s"])
         print(
