@@ -21,7 +21,7 @@ export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACH
 export MCPRL_VLLM_METRICS="$venv/vllm-logprob-diffs.jsonl"
 rm -f "$MCPRL_VLLM_METRICS"
 status=0
-"$venv/bin/python" -m pytest packages/mcprl-policy/tests/test_vllm_sampler.py -m vllm -v \
+"$venv/bin/python" -m pytest packages/mcprl-policy/tests/test_vllm_{sampler,stream,engine}.py -m vllm -v \
   -p no:cacheprovider -c "$root/pyproject.toml" --rootdir "$root" "$@" || status=$?
 echo "measured logprob differences (max abs, HF vs vLLM):"
 cat "$MCPRL_VLLM_METRICS" 2>/dev/null || echo "  (none recorded)"

@@ -7,10 +7,12 @@ difference (the script prints them).
 
 from __future__ import annotations
 
+import gc
+import importlib
 import importlib.util
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import anyio
@@ -48,9 +50,13 @@ MAX_NEW = 24
 
 
 @pytest.fixture(autouse=True)
-def _in_process_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Full-weight reload needs the engine core in this process."""
+def _in_process_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Full-weight reload needs the engine core in this process. Afterwards the test's engines are collected
+    at once: a vLLM engine collected later, while the next test's engine runs, tears down the process-wide
+    parallel state that engine uses (see `Engine.close`)."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    yield
+    gc.collect()
 
 
 def _as_policy_sampler(sampler: VLLMSampler) -> PolicySampler:
@@ -194,13 +200,15 @@ def test_vllm_sampling_logprobs_match_forward_groups_differ_and_engine_is_shared
     prompt = _prompts(policy)[0]
 
     completions = anyio.run(_sample_concurrently, sampler, prompt, 8, 16)
-    # A GRPO group: the same prompt eight times, one batched call, different samples.
-    assert sampler.generate_calls == 1
+    # A GRPO group: the same prompt eight times, all in the engine's running batch together, different samples.
+    assert sampler.metrics()["sampler/running_max"] == 8
     assert len({tuple(c.token_ids) for c in completions}) > 1
 
-    # A second sampler of the policy with the same settings (the evaluation sampler) shares the engine.
+    # A second sampler of the policy with the same settings (the evaluation sampler) shares the engine and its
+    # request stream (one scheduler steps both samplers' requests).
     twin = VLLMSampler(policy, params, engine_kwargs=ENGINE)
     assert twin.llm is sampler.llm
+    assert twin._stream is sampler._stream
 
     with torch.no_grad():
         out = policy.forward_packed([prompt + c.token_ids for c in completions], temperature=temperature)
@@ -238,9 +246,7 @@ def test_a_head_size_the_attention_backend_lacks_is_refused_before_the_engine_st
 @pytest.mark.vllm
 @needs_vllm
 def test_the_sampler_refuses_tiny_8h_on_a_cpu_vllm(tmp_path: Path) -> None:
-    import vllm.platforms
-
-    if not vllm.platforms.current_platform.is_cpu():
+    if not importlib.import_module("vllm.platforms").current_platform.is_cpu():
         pytest.skip("the check is for vLLM's CPU attention backend")
     with pytest.raises(SamplerError, match="head_dim=16"):
         VLLMSampler(Policy.from_pretrained("tiny-8h"))

@@ -1,33 +1,43 @@
-"""The vLLM engine behind `mcprl_policy.vllm_sampler` (extra ``vllm``): loading, sharing, weight sync.
+"""The vLLM engine behind `mcprl_policy.vllm_sampler` (extra ``vllm``): loading, sharing, weight sync, sleep.
 
-Weight sync: a LoRA policy's adapter is written to a fresh directory and hot-swapped with a new
-``LoRARequest`` id (no merge); a fully fine-tuned policy's weights are reloaded in place through
+Weight sync: a LoRA policy's adapter is saved to a new directory under the engine's one adapter folder, loaded
+into the engine at once (``LLMEngine.add_lora``) under a new ``LoRARequest`` id (no merge), after which the
+previous adapter is removed from the engine and its directory deleted: at most one adapter directory exists
+between syncs, and the folder is deleted when the engine closes (or at exit). vLLM's ``LoRARequest`` needs a
+path (0.32 has no in-memory adapter request). A fully fine-tuned policy's weights are reloaded in place through
 ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})``, which needs the engine core in this
-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here when unset (an explicit other value is an error).
+process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here when unset (an explicit other value is an error). The
+reload leaves vLLM's prefix cache holding KV blocks computed by the old weights, so the cache is reset after it
+(a new adapter id already keys the cache apart).
 
-A sync happens on demand and, lazily, before any generation that would otherwise read stale weights: the
-engine fingerprints the policy's tensors by their autograd version counters, which every in-place update
-(optimizer steps, ``load_state_dict``, ``p.add_`` under ``no_grad``) bumps. Only a write through
-``tensor.data`` escapes the fingerprint (sync with ``force=True`` after one).
+A sync happens on demand and, lazily, before requests that would otherwise read stale weights: the engine
+fingerprints the policy's tensors by their autograd version counters, which every in-place update (optimizer
+steps, ``load_state_dict``, ``p.add_`` under ``no_grad``) bumps. Only a write through ``tensor.data`` escapes
+the fingerprint (sync with ``force=True`` after one).
+
+Sleep mode (``sleep_mode=True``, CUDA/ROCm/XPU only): `Engine.sleep` offloads the weights to host memory and
+drops the KV cache (``LLM.sleep(level=1)``) so the learner's update gets the device memory; the next sync or
+request wakes the engine (``LLM.wake_up()``) and re-pushes the policy's weights.
 
 On CPU, vLLM's in-process worker pins torch to 1 thread (unless ``OMP_NUM_THREADS`` is set) and disables
 ``torch.set_num_threads`` for the whole process, the learner included.
 
 All samplers of one policy built with the same engine settings share one engine (e.g. the rollout and the
-greedy evaluation sampler), so the weights are held and pushed once. This module and the sampler are the only
-ones importing vllm.
+greedy evaluation sampler), so the weights are held and pushed once. This module, `mcprl_policy.vllm_stream`
+and the sampler are the only ones importing vllm.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import tempfile
 import threading
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import structlog
@@ -36,9 +46,13 @@ from mcprl_policy.errors import MissingExtraError, SamplerError
 from mcprl_policy.fingerprint import Fingerprint, weights_fingerprint
 from mcprl_policy.policy import Policy
 
+if TYPE_CHECKING:
+    from mcprl_policy.vllm_stream import RequestStream
+
 __all__ = [
     "Engine",
     "check_head_size",
+    "check_sleep_mode",
     "cpu_head_sizes",
     "require_in_process_engine",
     "require_vllm",
@@ -79,6 +93,20 @@ def check_head_size(head_dim: int, supported: Sequence[int], *, model: str) -> N
         )
 
 
+def check_sleep_mode(*, available: bool, device: str) -> None:
+    """Refuse sleep mode where vLLM has none (it needs the CUDA memory pool vLLM offloads and restores).
+
+    Raises:
+        SamplerError: ``available`` is False; the message names ``device`` and the way out.
+    """
+    if not available:
+        raise SamplerError(
+            f"vLLM's sleep mode needs a CUDA, ROCm or XPU device (its allocator offloads and restores device "
+            f"memory), and this vLLM runs on {device}: leave sleep_mode off (the engine then keeps its memory "
+            "share during updates)"
+        )
+
+
 def cpu_head_sizes() -> list[int] | None:
     """The head sizes of vLLM's CPU attention backend when vLLM runs on CPU, else None (no check)."""
     platforms = importlib.import_module("vllm.platforms")
@@ -86,6 +114,11 @@ def cpu_head_sizes() -> list[int] | None:
         return None
     backend = importlib.import_module("vllm.v1.attention.backends.cpu_attn")
     return list(backend.CPUAttentionBackend.get_supported_head_sizes())
+
+
+def _check_platform_sleep_mode() -> None:
+    platform = importlib.import_module("vllm.platforms").current_platform
+    check_sleep_mode(available=bool(platform.is_sleep_mode_available()), device=str(platform.device_type))
 
 
 def require_in_process_engine() -> None:
@@ -100,20 +133,51 @@ def require_in_process_engine() -> None:
 
 @attrs.define(eq=False, kw_only=True)
 class Engine:
-    """One ``vllm.LLM`` and the weight version it holds, shared by the samplers of one policy."""
+    """One ``vllm.LLM``, the weight version it holds and its adapter folder, shared by a policy's samplers.
+
+    ``stream`` is the engine's one `RequestStream` (set by the first sampler), through which every sampler of
+    the engine adds requests.
+
+    ``lock`` serialises everything that touches the engine core from two threads: a sync or sleep (event-loop
+    thread) and a scheduler step (`mcprl_policy.vllm_stream`, worker thread).
+    """
 
     llm: Any
     lora: bool
     adapter_root: Path
+    sleep_mode: bool = False
     lora_id: int = 0
     lora_request: Any = None
     synced: Fingerprint | None = None
+    sleeping: bool = False
+    stream: RequestStream | None = None
     lock: threading.Lock = attrs.field(factory=threading.Lock)
+    _cleanup: weakref.finalize[..., Engine] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.adapter_root, ignore_errors=True)
+
+    @property
+    def core(self) -> Any:
+        """The ``vllm.LLMEngine`` requests are added to and stepped on."""
+        return self.llm.llm_engine
+
+    def holds(self, policy: Policy) -> bool:
+        """Whether the engine is awake and holds the policy's current weights (no push needed)."""
+        return not self.sleeping and weights_fingerprint(policy.model) == self.synced
 
     def sync(self, policy: Policy, *, force: bool) -> bool:
-        """Push the policy's weights unless the engine already holds them; True when pushed."""
+        """Push the policy's weights unless the engine already holds them (waking it first); True when pushed.
+
+        The caller guarantees that no request is in flight: its tokens would mix two weight versions.
+        """
         with self.lock:
             fingerprint = weights_fingerprint(policy.model)
+            if self.sleeping:
+                self.llm.wake_up()
+                self.sleeping = False
+                force = True  # the adapters and the KV cache did not survive the sleep
+                _log.info("vllm_woke_up")
             if not force and fingerprint == self.synced:
                 return False
             if self.lora:
@@ -123,18 +187,57 @@ class Engine:
             self.synced = fingerprint
             return True
 
+    def sleep(self) -> None:
+        """Offload the weights and drop the KV cache until the next sync (``LLM.sleep(level=1)``).
+
+        Raises:
+            SamplerError: the engine was built without sleep mode.
+        """
+        if not self.sleep_mode:
+            raise SamplerError("this vLLM engine was built without sleep_mode=True: it cannot sleep")
+        with self.lock:
+            if not self.sleeping:
+                self.llm.sleep(level=1)
+                self.sleeping = True
+                _log.info("vllm_asleep")
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` ran."""
+        return self._cleanup is not None and not self._cleanup.alive
+
+    def close(self) -> None:
+        """Shut the engine down and delete the adapter folder (idempotent).
+
+        vLLM also shuts an in-process engine down when it is garbage-collected, and that tears down the
+        process-wide parallel state every in-process engine uses: close engines in order rather than leaving
+        them to the cycle collector while another one runs.
+        """
+        if self._cleanup is not None and self._cleanup.alive:
+            self._cleanup()
+            self.core.engine_core.shutdown()
+
     def _push_adapter(self, policy: Policy) -> None:
+        previous = self.lora_request
         self.lora_id += 1
         path = self.adapter_root / f"v{self.lora_id}"
         policy.model.save_pretrained(str(path))  # pyright: ignore[reportCallIssue]
         lora_request = importlib.import_module("vllm.lora.request").LoRARequest
-        self.lora_request = lora_request(f"policy-v{self.lora_id}", self.lora_id, str(path))
+        request = lora_request(f"policy-v{self.lora_id}", self.lora_id, str(path))
+        if not self.core.add_lora(request):
+            raise SamplerError(f"vLLM did not load the LoRA adapter saved at {path}")
+        self.lora_request = request
+        if previous is not None:
+            self.core.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
         _log.info("vllm_lora_synced", lora_id=self.lora_id, path=str(path))
 
     def _reload(self, policy: Policy) -> None:
         require_in_process_engine()
         weights = [(name, t.detach()) for name, t in policy.model.state_dict().items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        if not self.llm.reset_prefix_cache():
+            raise SamplerError("vLLM could not reset its prefix cache after a weight reload")
         _log.info("vllm_weights_synced", tensors=len(weights))
 
 
@@ -149,6 +252,7 @@ def shared_engine(
     gpu_memory_utilization: float,
     engine_kwargs: dict[str, Any] | None,
     share: bool,
+    sleep_mode: bool = False,
 ) -> Engine:
     """The engine of ``policy`` with these settings: the one another sampler built, or a new one.
 
@@ -158,11 +262,15 @@ def shared_engine(
         gpu_memory_utilization: vLLM's memory share on GPU.
         engine_kwargs: Extra ``vllm.LLM`` keyword arguments (they override the ones set here).
         share: Reuse (and offer for reuse) the engine of the same policy and settings.
+        sleep_mode: Build the engine with ``enable_sleep_mode`` (`Engine.sleep`).
 
     Raises:
         MissingExtraError: vllm is not installed.
+        SamplerError: ``sleep_mode`` where vLLM's platform has none.
     """
     vllm = require_vllm()
+    if sleep_mode:
+        _check_platform_sleep_mode()
     kwargs: dict[str, Any] = {
         "model": policy.base_model,
         "tokenizer": policy.base_model,
@@ -170,6 +278,7 @@ def shared_engine(
         "logprobs_mode": "processed_logprobs",
         "gpu_memory_utilization": gpu_memory_utilization,
         "seed": seed,
+        "enable_sleep_mode": sleep_mode,
     }
     if policy.lora is not None:
         kwargs.update(enable_lora=True, max_lora_rank=max(8, policy.lora.r), max_loras=1)
@@ -182,6 +291,7 @@ def shared_engine(
             llm=vllm.LLM(**kwargs),
             lora=policy.lora is not None,
             adapter_root=Path(tempfile.mkdtemp(prefix="mcprl-vllm-lora-")),
+            sleep_mode=bool(kwargs["enable_sleep_mode"]),
         )
         if share:
             engines[key] = engine

