@@ -177,6 +177,7 @@ else
 fi
 if vllm_error=$("$vpy" -c 'import vllm' 2>&1); then
   profile vllm-gpu vllm-gpu
+  profile vllm-gpu 'vllm-gpu[sampler.vllm_sleep=true]' --set sampler.vllm_sleep=true
 else
   say "profile vllm-gpu: skipped (vllm does not import: ${vllm_error##*$'\n'})"
 fi

@@ -162,6 +162,17 @@ def test_reference_and_kl_in_reward_are_refused_where_they_cannot_apply() -> Non
     assert Config.load(profile="a100x2").reference.every == 100
 
 
+def test_vllm_sleep_is_refused_without_vllm_or_beside_overlap() -> None:
+    with pytest.raises(ConfigError, match=r"sampler.vllm_sleep: true with sampler.backend=hf"):
+        Config.load(overrides=["sampler.vllm_sleep=true"])
+    with pytest.raises(ConfigError, match=r"with collection.overlap: true: the engine would sleep"):
+        Config.load(
+            profile="vllm-gpu",
+            overrides=["sampler.vllm_sleep=true", "collection.overlap=true", "grpo.minibatches=1"],
+        )
+    assert Config.load(profile="vllm-gpu", overrides=["sampler.vllm_sleep=true"]).sampler.vllm_sleep
+
+
 def test_unknown_profile_suggests_the_nearest() -> None:
     with pytest.raises(ConfigError, match="unknown profile 'cpuu'; did you mean 'cpu'"):
         Config.load(profile="cpuu")

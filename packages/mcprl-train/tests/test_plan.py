@@ -508,6 +508,17 @@ def test_vllm_share_is_a_row_of_the_device_memory() -> None:
     assert plan.total == sum(rows.values())  # no sampling-only row: everything but the update is resident
 
 
+def test_a_sleeping_vllm_engine_frees_its_share_for_the_update() -> None:
+    shape = load_model_shape("Qwen/Qwen3-0.6B")
+    awake = plan_memory(Config.load(profile="vllm-gpu"), shape)
+    asleep = plan_memory(Config.load(profile="vllm-gpu", overrides=["sampler.vllm_sleep=true"]), shape)
+    share = int(24 * GIB * 0.35)
+    assert [r.phase for r in asleep.rows if r.name == "vLLM share (reserved)"] == ["sampling"]
+    assert asleep.phase_bytes("sampling") == share
+    assert asleep.total == asleep.phase_bytes("resident") + max(asleep.phase_bytes("update"), share)
+    assert awake.total - asleep.total == min(share, asleep.phase_bytes("update")) > 0
+
+
 def test_a_plan_that_exceeds_the_device_says_it_does_not_fit() -> None:
     config = Config.load(profile="a100x2", overrides=["distributed.device_memory_gb=16"])
     plan = plan_memory(config, load_model_shape("Qwen/Qwen3-0.6B"))

@@ -169,6 +169,7 @@ def build_sampler(
                 max_batch_size=config.sampler.max_batch_size,
                 max_wait_ms=config.sampler.max_wait_ms,
                 gpu_memory_utilization=config.sampler.gpu_memory_utilization,
+                sleep_mode=config.sampler.vllm_sleep,
                 engine_kwargs={"max_num_seqs": config.sampler.max_batch_size},
             )
         case _ as unreachable:

@@ -357,7 +357,9 @@ def _sampler_rows(config: Config, shape: ModelShape, w: int, device_memory: int 
                 MemoryRow(
                     name="vLLM share (reserved)",
                     nbytes=int(device_memory * u),
-                    formula=f"{u:g} × device {device_memory / GIB:,.1f} GiB",
+                    formula=f"{u:g} × device {device_memory / GIB:,.1f} GiB"
+                    + (" (asleep during the update: sampler.vllm_sleep)" if sampler.vllm_sleep else ""),
+                    phase="sampling" if sampler.vllm_sleep else "resident",
                 )
             ]
         case _ as unreachable:

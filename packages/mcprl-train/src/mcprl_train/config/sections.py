@@ -102,6 +102,10 @@ class SamplerConfig:
         gpu_memory_utilization: vLLM's share of the device memory (also used by ``mcprl-train plan``).
         decode_forward: HF backend: the decode step's forward, ``auto`` (the lean Llama/Qwen forward where the
             model is supported), ``lean`` or ``model`` (`mcprl_policy.config.DecodeForward`).
+        vllm_sleep: vLLM backend: build the engine with vLLM's sleep mode and put it to sleep for each GRPO
+            update (weights offloaded to host memory, KV cache dropped: ``LLM.sleep(level=1)``), so the learner
+            gets the device memory the engine holds; the next sync wakes it and pushes the new weights.
+            CUDA/ROCm/XPU only (refused where vLLM has no sleep mode).
     """
 
     backend: Literal["hf", "vllm"] = "hf"
@@ -110,6 +114,7 @@ class SamplerConfig:
     prefix_cache_mb: float = attrs.field(default=1024.0, validator=v.ge(0.0))
     gpu_memory_utilization: float = attrs.field(default=0.3, validator=[v.gt(0.0), v.le(0.95)])
     decode_forward: DecodeForward = "auto"
+    vllm_sleep: bool = False
 
 
 @attrs.frozen(kw_only=True)

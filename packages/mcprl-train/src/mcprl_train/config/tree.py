@@ -116,6 +116,22 @@ class Config:
             raise ConfigError("distributed.zero_stage: a ZeRO stage needs distributed.backend=deepspeed")
         self._check_deepspeed_precision()
         self._check_overlap()
+        self._check_vllm_sleep()
+
+    def _check_vllm_sleep(self) -> None:
+        """Sleep mode frees the vLLM engine's memory during the update: only vLLM has it, and nothing may sample then."""
+        if not self.sampler.vllm_sleep:
+            return
+        if self.sampler.backend != "vllm":
+            raise ConfigError(
+                f"sampler.vllm_sleep: true with sampler.backend={self.sampler.backend}: sleep mode is vLLM's "
+                "(the HF sampler holds no engine memory of its own); set sampler.backend=vllm or drop it"
+            )
+        if self.collection.overlap:
+            raise ConfigError(
+                "sampler.vllm_sleep: true with collection.overlap: true: the engine would sleep through the "
+                "update while the next step's collection samples from it; choose one"
+            )
 
     def _check_deepspeed_precision(self) -> None:
         """Under DeepSpeed, its bf16 mode is the mixed precision: it must agree with ``model.dtype``."""

@@ -84,6 +84,18 @@ class Rollouts:
         self.sampler.sync_weights()
         self.eval_sampler.sync_weights()
 
+    def release_memory(self) -> None:
+        """Before an update: with ``sampler.vllm_sleep``, put the vLLM engine (both samplers') to sleep.
+
+        The next `sync` wakes it and pushes the updated weights.
+        """
+        if not self.config.sampler.vllm_sleep:
+            return
+        from mcprl_policy.vllm_sampler import VLLMSampler
+
+        assert isinstance(self.sampler, VLLMSampler), "sampler.vllm_sleep is checked to mean the vLLM backend"
+        self.sampler.sleep()
+
     async def collect(
         self, tasks: Sequence[Task], step: int, *, round_: int
     ) -> tuple[Collection, Collection]:

@@ -262,6 +262,8 @@ class Trainer:
         prefetch = cfg.collection.overlap and step < cfg.run.steps and not (every and step % every == 0)
         self.progress.work_done()
         learner = self.learner
+        assert self.rollouts is not None
+        self.rollouts.release_memory()
         self.phases.announce("update_and_collection" if prefetch else "update", self.state, step=step)
         learned, self.pending = await learn_while_collecting(
             lambda: learn_step(learner, ready.samples, step),
