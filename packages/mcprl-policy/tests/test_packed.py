@@ -123,13 +123,15 @@ def test_kept_logits_give_the_checkpointed_results_and_gradients_bit_for_bit(
         assert torch.equal(a, b)
 
 
-def test_logits_are_recomputed_exactly_when_they_exceed_the_budget(policy: Policy) -> None:
+def test_logits_are_recomputed_exactly_when_a_full_chunk_exceeds_the_budget(policy: Policy) -> None:
     hidden = torch.randn(10, policy.hidden_size, requires_grad=True)
     targets = torch.randint(0, 500, (10,))
     head = policy.model.get_output_embeddings()  # pyright: ignore[reportCallIssue]
-    size = 10 * int(head.out_features) * 4
-    assert _head_calls_and_results(hidden, head, targets, chunk=1024, keep=size, entropy=0.0)[0] == 1
-    assert _head_calls_and_results(hidden, head, targets, chunk=1024, keep=size - 1, entropy=0.0)[0] == 2
+    size = 16 * int(head.out_features) * 4
+    assert _head_calls_and_results(hidden, head, targets, chunk=16, keep=size, entropy=0.0)[0] == 1
+    assert _head_calls_and_results(hidden, head, targets, chunk=16, keep=size - 1, entropy=0.0)[0] == 2
+    # The chunk size decides, not the rows at hand (10 < 16): every rank calls the head equally often.
+    assert _head_calls_and_results(hidden, head, targets, chunk=16, keep=10 * size // 16, entropy=0.0)[0] == 2
     # A head whose output width is unknown is always recomputed: its logits' size cannot be bounded.
     wrapped = torch.nn.Sequential(head)
     assert _head_calls_and_results(hidden, wrapped, targets, chunk=1024, keep=1 << 30, entropy=0.0)[0] == 2

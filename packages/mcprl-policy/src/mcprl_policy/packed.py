@@ -6,7 +6,7 @@ sequences' boundaries as ``cu_seq_lens`` and attends within each sequence only; 
 no 2-D attention mask is passed, which makes transformers build a block-diagonal causal mask
 (``find_packed_sequence_indices``, O(N²) work). Models with linear-attention layers are refused
 (`check_packable`). Logits are produced chunk by chunk
-over the tokens, each chunk recomputed in backward when the call's logits would take more than
+over the tokens, each chunk recomputed in backward when a chunk's logits would take more than
 `KEEP_LOGITS_BYTES`, so a 150k vocabulary never materialises ``N × V`` logits at once.
 """
 
@@ -36,12 +36,14 @@ __all__ = [
 
 
 KEEP_LOGITS_BYTES = 32 * 2**20
-"""Float32 logits of one `token_logprobs_and_entropy` call up to this size are kept for backward.
+"""A full chunk's float32 logits (``chunk_size × out_features × 4`` bytes) up to this size are kept for backward.
 
-Autograd then saves a few tensors of that size (the logits, the log-softmax and its exponential); above it
-each chunk is checkpointed instead, which bounds the memory to one chunk's worth and costs a second
-forward of the head and the softmax in backward. Either way the gradient is the same, bit for bit: the
-recomputation runs the same kernels on the same inputs.
+Autograd then saves a few tensors of that size per chunk (the logits, the log-softmax and its exponential),
+memory that grows with the tokens as the backbone's activations do; above it each chunk is checkpointed
+instead, which bounds the memory to one chunk's worth and costs a second forward of the head and the softmax
+in backward. Either way the gradient is the same, bit for bit: the recomputation runs the same kernels on the
+same inputs. The choice depends on the chunk size and the head only, never on the number of tokens, so every
+data-parallel rank calls the head the same number of times (ZeRO-3 gathers its weights on each call).
 """
 
 
@@ -116,13 +118,14 @@ def token_logprobs_and_entropy(
         targets: ``(M,)`` token ids.
         temperature: divides the logits (> 0).
         chunk_size: rows per chunk; under autograd each chunk is recomputed in backward (checkpointing)
-            unless the call's float32 logits fit in ``keep_logits_bytes``.
+            unless a full chunk's float32 logits fit in ``keep_logits_bytes``.
         vocab_limit: the distribution's support is ids ``[0, vocab_limit)`` (`Policy.vocab_limit`, as the
             samplers draw); ``None``: every output row. A target at or above it (only possible in a prompt)
             gets ``logit - logZ`` over the support: finite, and never a sampled token's logprob.
-        keep_logits_bytes: the most bytes of float32 logits (``M × lm_head.out_features × 4``) kept for
-            backward instead of recomputed (`KEEP_LOGITS_BYTES`); 0 checkpoints every chunk. A head without
-            an integer ``out_features`` is always checkpointed.
+        keep_logits_bytes: the most bytes of one full chunk's float32 logits
+            (``chunk_size × lm_head.out_features × 4``) kept for backward instead of recomputed
+            (`KEEP_LOGITS_BYTES`); 0 checkpoints every chunk. A head without an integer ``out_features`` is
+            always checkpointed.
 
     Returns:
         ``(M,)`` float32 logprobs and ``(M,)`` float32 entropies.
@@ -147,7 +150,7 @@ def token_logprobs_and_entropy(
     recompute = (
         torch.is_grad_enabled()
         and hidden.requires_grad
-        and not (isinstance(out_features, int) and hidden.shape[0] * out_features * 4 <= keep_logits_bytes)
+        and not (isinstance(out_features, int) and chunk_size * out_features * 4 <= keep_logits_bytes)
     )
     logprobs, entropies = [], []
     for start in range(0, hidden.shape[0], chunk_size):
