@@ -153,6 +153,15 @@ def instrument() -> None:
         "engine", DecodeEngine.run_until_finished, clock=time.process_time
     )
     TorchBackend.forward = timed("forward", TorchBackend.forward, clock=time.process_time)
+    forward = TorchBackend.forward
+
+    def counted_forward(self: TorchBackend, sequences: Any, **kwargs: Any) -> Any:
+        lens = [len(s) for s in sequences]
+        padded = len(lens) * max(lens, default=0) if self.layout == "padded" else sum(lens)
+        METER.add("train_rows", 0.0, 0.0, padded)
+        return forward(self, sequences, **kwargs)
+
+    TorchBackend.forward = counted_forward  # pyright: ignore[reportAttributeAccessIssue]
     TorchBackend.backward = timed("backward", TorchBackend.backward, clock=time.process_time)
     TorchBackend.step = timed("optimizer", TorchBackend.step, clock=time.process_time)
     Learner.update = timed("update", Learner.update, clock=time.process_time)
@@ -515,6 +524,7 @@ def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: st
     backward = mean_phase("learn_phases", "backward")
     optimizer = mean_phase("learn_phases", "optimizer")
     update = mean_phase("learn_phases", "update")
+    train_rows = mean_phase("learn_phases", "train_rows")
     gc_collect, gc_learn = mean_phase("collect_phases", "gc"), mean_phase("learn_phases", "gc")
     gc_step = Phase(
         wall=gc_collect.wall + gc_learn.wall,
@@ -590,7 +600,13 @@ def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: st
             "Learner.update + weight sync",
             3 * 2 * n_matmul * train_tokens / (g_update * 1e9),
         ),
-        fmt_row("  forward", forward.wall, forward.cpu, f"{forward.calls} micro-batches"),
+        fmt_row(
+            "  forward",
+            forward.wall,
+            forward.cpu,
+            f"{forward.calls} micro-batches, {train_rows.tokens} tokens as laid out "
+            f"({1 - train_tokens / max(1, train_rows.tokens):.0%} padding)",
+        ),
         fmt_row("  backward", backward.wall, backward.cpu, ""),
         fmt_row("  optimizer", optimizer.wall, optimizer.cpu, "clip + AdamW"),
         fmt_row(

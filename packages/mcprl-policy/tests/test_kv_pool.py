@@ -119,8 +119,67 @@ def test_a_decode_step_writes_into_the_pool_in_place_and_never_concatenates(
 def test_rows_leaving_and_joining_keep_every_rows_keys(tiny_8h: Model) -> None:
     """Through drops (slots refilled from the tail) and merges (slots and columns growing), every step's logits
     and each engine row's unmasked keys and values are those of the concatenated cache."""
-    lm, tokenizer = tiny_8h
-    pool, concat = KVPool(max_rows=16, device=torch.device("cpu")), ConcatCache(torch.device("cpu"))
+    ops: list[tuple[str, Any]] = [
+        ("merge", range(0, 3)),
+        ("steps", 70),
+        ("drop", [0, 2]),
+        ("merge", range(3, 10)),
+        ("steps", 5),
+        ("drop", [0, 2, 5, 6, 8]),
+        ("merge", range(10, 13)),
+        ("steps", 5),
+        ("drop", [1, 4, 5, 7]),
+        ("steps", 3),
+    ]
+    _, columns, _ = _pool_against_concat(tiny_8h, ops)
+    assert len(set(columns)) > 1  # the columns grew while rows ran
+
+
+def test_rows_before_a_leaving_row_move_up_when_they_are_fewer(tiny_8h: Model) -> None:
+    """A row leaving near the front moves the rows before it up (the running rows start past slot 0); a merge
+    that would run past the last slot first moves the running rows down to slot 0, in the same buffers. Every
+    step's logits and every row's keys and values stay those of the concatenated cache."""
+    ops: list[tuple[str, Any]] = [
+        ("merge", range(0, 8)),
+        ("steps", 3),
+        ("drop", list(range(1, 8))),  # the first row leaves: nothing moves
+        ("steps", 2),
+        ("drop", [0, *range(2, 7)]),  # the second of seven: the first moves up one
+        ("steps", 2),
+        ("drop", [0, 1, 2, 3, 5]),  # the fifth of six: the last moves down one
+        ("steps", 2),
+        ("merge", range(8, 11)),  # 5 running from slot 2, 3 joining: past the 8 slots
+        ("steps", 4),
+        ("drop", [0, 2, 3, 4, 5, 6, 7]),
+        ("steps", 2),
+    ]
+    _, _, trace = _pool_against_concat(tiny_8h, ops)
+    slots = [lo for lo, _, _ in trace]
+    assert slots == [0, 0, 1, 1, 2, 2, 2, 2, 0, 0, 1, 1]
+    assert len({buffers for _, _, buffers in trace[:-2]}) == 1  # no reallocation on the way to slot 0
+    assert [moves for _, moves, _ in trace] == [0, 0, 0, 0, 1, 1, 2, 2, 7, 7, 8, 8]
+
+
+def _pool_against_concat(
+    model: Model, ops: list[tuple[str, Any]], max_rows: int = 16
+) -> tuple[KVPool, list[int], list[tuple[int, int, int]]]:
+    """Run ``ops`` on a pool and a concatenated cache side by side, checking logits and rows after each op.
+
+    Returns the pool, its column count at every step, and per op the first running row's slot, the rows
+    moved so far and the first key buffer's address.
+    """
+    lm, tokenizer = model
+    pool, concat = KVPool(max_rows=max_rows, device=torch.device("cpu")), ConcatCache(torch.device("cpu"))
+    moves = 0
+    move = pool._move  # pyright: ignore[reportPrivateUsage]
+
+    def counted_move(sources: list[int], to: int) -> None:
+        nonlocal moves
+        moves += len(sources)
+        move(sources, to)
+
+    pool._move = counted_move  # pyright: ignore[reportPrivateUsage]
+    trace: list[tuple[int, int, int]] = []
 
     def forward(**kwargs: Any) -> Any:
         return lm(**kwargs, use_cache=True, logits_to_keep=1)
@@ -139,18 +198,6 @@ def test_rows_leaving_and_joining_keep_every_rows_keys(tiny_8h: Model) -> None:
         )
         return cache, mask
 
-    ops: list[tuple[str, Any]] = [
-        ("merge", range(0, 3)),
-        ("steps", 70),
-        ("drop", [0, 2]),
-        ("merge", range(3, 10)),
-        ("steps", 5),
-        ("drop", [0, 2, 5, 6, 8]),
-        ("merge", range(10, 13)),
-        ("steps", 5),
-        ("drop", [1, 4, 5, 7]),
-        ("steps", 3),
-    ]
     positions = torch.zeros(0, dtype=torch.long)
     columns: list[int] = []
     with torch.inference_mode():
@@ -180,7 +227,8 @@ def test_rows_leaving_and_joining_keep_every_rows_keys(tiny_8h: Model) -> None:
                     assert isinstance(b, AttentionRow)
                     assert torch.equal(a.keys, b.keys)
                     assert torch.equal(a.values, b.values)
-    assert len(set(columns)) > 1  # the columns grew while rows ran
+            trace.append((pool.lo, moves, pool._keys[0].data_ptr()))  # pyright: ignore[reportPrivateUsage]
+    return pool, columns, trace
 
 
 def _copy(cache: DynamicCache) -> DynamicCache:

@@ -371,3 +371,38 @@ def test_learner_state_carries_the_moved_reference(policy_state: Policy) -> None
     without = {k: v for k, v in state.items() if k != "reference"}
     with pytest.raises(CheckpointError, match="no reference weights"):
         other.load_state_dict(without)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_an_update_with_kept_logits_equals_the_update_that_recomputes_them(
+    policy_state: Policy, monkeypatch: pytest.MonkeyPatch, layout: str, entropy_coef: float
+) -> None:
+    import functools
+
+    import mcprl_policy.packed
+    import mcprl_policy.padded
+
+    def run(keep: int | None) -> tuple[list[torch.Tensor], dict[str, float]]:
+        with monkeypatch.context() as patch:
+            if keep is not None:
+                head_stats = functools.partial(
+                    mcprl_policy.packed.token_logprobs_and_entropy, keep_logits_bytes=keep
+                )
+                patch.setattr(mcprl_policy.padded, "token_logprobs_and_entropy", head_stats)
+                patch.setattr(mcprl_policy.packed, "token_logprobs_and_entropy", head_stats)
+            policy = fresh_policy(policy_state)
+            learner = Learner(
+                policy=policy,
+                config=config(f"optim.layout={layout}", f"grpo.entropy_coef={entropy_coef}"),
+                total_steps=10,
+                seed=0,
+            )
+            samples, _ = learner.prepare(synthetic_groups(policy))
+            metrics = learner.update(samples)
+            return [p.detach().clone() for p in policy.trainable_parameters()], metrics
+
+    recomputed_params, recomputed = run(0)
+    kept_params, kept = run(None)
+    assert recomputed == kept
+    assert all(torch.equal(a, b) for a, b in zip(recomputed_params, kept_params, strict=True))

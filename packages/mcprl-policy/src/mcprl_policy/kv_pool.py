@@ -2,10 +2,12 @@
 
 Every full-attention layer gets one key and one value buffer ``(slots, kv_heads, columns, head_dim)``; a
 decode step writes each row's new key and value into the next column in place (`PoolLayer.update`, plugged
-into the model's forward as a transformers ``Cache``), so nothing is concatenated per step. Rows live in slots
-``[0, rows)`` in the engine's row order: an admitted row is written into the next free slot (the running rows
-are not touched), a finished row's slot is closed up by moving the rows after it down one (the rows before it
-stay), and buffers are reallocated when rows (doubling) or columns (the window plus a little headroom) run out.
+into the model's forward as a transformers ``Cache``), so nothing is concatenated per step. Rows live in
+consecutive slots ``[lo, lo + rows)`` in the engine's row order: an admitted row is written into the next free
+slot (the running rows are not touched; they are moved down to slot 0 first when the slots after them run out),
+a finished row's slot is closed up by moving the rows on the side of it with fewer rows toward it (the rows
+after it down, or the rows before it up), and buffers are reallocated when rows (doubling) or columns (the
+window plus a little headroom) run out.
 
 The columns keep the layout of the concatenating engine (`mcprl_policy.batch_cache.ConcatCache`) exactly:
 every row's last token sits in the same column (``end - 1``), shorter rows are masked on the left, the
@@ -88,6 +90,7 @@ class KVPool:
         self._cache = Cache(layers=[])
         self._layers = 0
         self.rows = 0
+        self.lo = 0  # slot of the first running row
         self.end = 0
         self.start = 0
         self._first: list[int] = []  # per row: first column it uses
@@ -108,16 +111,18 @@ class KVPool:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store column ``end`` of every running row for ``layer``; the keys/values of ``[start, end]``."""
         k, v = self._keys[layer], self._values[layer]
-        k[: self.rows, :, self.end] = keys[:, :, 0]
-        v[: self.rows, :, self.end] = values[:, :, 0]
-        return k[: self.rows, :, self.start : self.end + 1], v[: self.rows, :, self.start : self.end + 1]
+        rows = slice(self.lo, self.lo + self.rows)
+        k[rows, :, self.end] = keys[:, :, 0]
+        v[rows, :, self.end] = values[:, :, 0]
+        return k[rows, :, self.start : self.end + 1], v[rows, :, self.start : self.end + 1]
 
     def step(self, forward: Forward, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One decode step of every row: ``tokens``/``positions`` ``(B,)``; the last position's logits ``(B, V)``."""
         if self.end == self._mask.shape[1]:
             self._reallocate(rows=self._keys[0].shape[0], window=self.width)
-        self._mask[: self.rows, self.end] = True
-        mask = self._mask[: self.rows, None, None, self.start : self.end + 1] if self._padded else None
+        rows = slice(self.lo, self.lo + self.rows)
+        self._mask[rows, self.end] = True
+        mask = self._mask[rows, None, None, self.start : self.end + 1] if self._padded else None
         out = forward(
             input_ids=tokens[:, None],
             attention_mask=mask,
@@ -139,14 +144,19 @@ class KVPool:
             self._allocate(layers[0][0], rows=n, columns=_columns(width + _HEADROOM))
         if len(layers) != self._layers:
             raise SamplerError(f"a cache of {len(layers)} layers merged into a pool of {self._layers}")
-        if not self.rows and width + _HEADROOM < self._mask.shape[1]:
-            self.end = self.start = width + _HEADROOM
+        if not self.rows:
+            self.lo = 0
+            if width + _HEADROOM < self._mask.shape[1]:
+                self.end = self.start = width + _HEADROOM
         slots = self._keys[0].shape[0]
         window = max(self.width if self.rows else 0, width)
         if self.rows + n > slots or window > self.end:
             self._reallocate(rows=max(slots, self.rows + n), window=window)
+        elif self.lo + self.rows + n > slots:
+            self._move(list(range(self.lo, self.lo + self.rows)), 0)
+            self.lo = 0
         first = self.end - width
-        rows = slice(self.rows, self.rows + n)
+        rows = slice(self.lo + self.rows, self.lo + self.rows + n)
         for (keys, values), k, v in zip(layers, self._keys, self._values, strict=True):
             k[rows, :, first : self.end] = keys
             v[rows, :, first : self.end] = values
@@ -161,27 +171,44 @@ class KVPool:
         self._recompute()
 
     def drop(self, keep: Sequence[int]) -> None:
-        """Keep the rows ``keep`` (ascending): the rows after the first one dropped move down, in order."""
+        """Keep the rows ``keep`` (ascending), in order, in consecutive slots.
+
+        Kept row ``j`` lands in slot ``lo + a + j``; ``a`` is the shift that leaves the most rows where they
+        are (the most frequent ``keep[j] - j``; the smallest on a tie), so one row leaving moves the rows on its
+        shorter side: those after it down one, or those before it up one.
+        """
         n = len(keep)
-        moved = next((i for i, row in enumerate(keep) if row != i), n)
-        if moved < n:
-            # A gather into a temporary and a copy into the contiguous destination slice: far cheaper on CPU
-            # than an advanced-index assignment (index_put_).
-            src = torch.tensor(keep[moved:], device=self._mask.device)
-            window = slice(self.start, self.end)
-            for buffer in (*self._keys, *self._values):
-                buffer[moved:n, :, window] = buffer[:, :, window].index_select(0, src)
-            self._mask[moved:n] = self._mask.index_select(0, src)
+        shifts = [row - j for j, row in enumerate(keep)]
+        a = max(sorted(set(shifts)), key=shifts.count) if keep else 0
+        # Shifts never decrease along the rows: the rows before the staying block move up, those after it down.
+        up = [j for j, shift in enumerate(shifts) if shift < a]
+        down = [j for j, shift in enumerate(shifts) if shift > a]
+        for rows in (up, down):
+            if rows:
+                self._move([self.lo + keep[j] for j in rows], self.lo + a + rows[0])
         self._first = [self._first[i] for i in keep]
         self._gap = [self._gap[i] for i in keep]
+        self.lo += a
         self.rows = n
         self._recompute()
 
+    def _move(self, sources: list[int], to: int) -> None:
+        """Copy the slots ``sources`` (ascending) to the consecutive slots from ``to``, window columns only."""
+        # A gather into a temporary and a copy into the contiguous destination slice: far cheaper on CPU than
+        # an advanced-index assignment (index_put_), and safe when sources and destinations overlap.
+        src = torch.tensor(sources, device=self._mask.device)
+        dst = slice(to, to + len(sources))
+        window = slice(self.start, self.end)
+        for buffer in (*self._keys, *self._values):
+            buffer[dst, :, window] = buffer[:, :, window].index_select(0, src)
+        self._mask[dst] = self._mask.index_select(0, src)
+
     def row_state(self, row: int) -> tuple[RowState, ...]:
         """Row ``row``'s unmasked keys and values per layer, copied out."""
-        columns = self._mask[row, self.start : self.end].nonzero().squeeze(-1) + self.start
+        slot = self.lo + row
+        columns = self._mask[slot, self.start : self.end].nonzero().squeeze(-1) + self.start
         return tuple(
-            AttentionRow(keys=k[row].index_select(1, columns), values=v[row].index_select(1, columns))
+            AttentionRow(keys=k[slot].index_select(1, columns), values=v[slot].index_select(1, columns))
             for k, v in zip(self._keys, self._values, strict=True)
         )
 
@@ -209,10 +236,11 @@ class KVPool:
         # Headroom on the left too: a joining row up to `_HEADROOM` columns longer than the window fits.
         end = window + _HEADROOM
         self._allocate(old_keys[0], rows=rows, columns=_columns(end))
-        n, columns = self.rows, min(window, old_end)
+        n, columns, lo = self.rows, min(window, old_end), self.lo
         for old, new in zip((*old_keys, *old_values), (*self._keys, *self._values), strict=True):
-            new[:n, :, end - columns : end] = old[:n, :, old_end - columns : old_end]
-        self._mask[:n, end - columns : end] = old_mask[:n, old_end - columns : old_end]
+            new[:n, :, end - columns : end] = old[lo : lo + n, :, old_end - columns : old_end]
+        self._mask[:n, end - columns : end] = old_mask[lo : lo + n, old_end - columns : old_end]
+        self.lo = 0
         shift = end - old_end
         self._first = [f + shift for f in self._first]
         self.end = end

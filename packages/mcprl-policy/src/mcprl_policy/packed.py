@@ -6,8 +6,8 @@ sequences' boundaries as ``cu_seq_lens`` and attends within each sequence only; 
 no 2-D attention mask is passed, which makes transformers build a block-diagonal causal mask
 (``find_packed_sequence_indices``, O(N²) work). Models with linear-attention layers are refused
 (`check_packable`). Logits are produced chunk by chunk
-over the tokens (each chunk recomputed in backward), so a 150k vocabulary never materialises
-``N × V`` logits at once.
+over the tokens, each chunk recomputed in backward when a chunk's logits would take more than
+`KEEP_LOGITS_BYTES`, so a 150k vocabulary never materialises ``N × V`` logits at once.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from mcprl_policy.attention import check_packable, uses_varlen
 
 __all__ = [
+    "KEEP_LOGITS_BYTES",
     "PackedBatch",
     "PackedForward",
     "backbone_and_head",
@@ -32,6 +33,18 @@ __all__ = [
     "packed_hidden_states",
     "token_logprobs_and_entropy",
 ]
+
+
+KEEP_LOGITS_BYTES = 32 * 2**20
+"""A full chunk's float32 logits (``chunk_size × out_features × 4`` bytes) up to this size are kept for backward.
+
+Autograd then saves a few tensors of that size per chunk (the logits, the log-softmax and its exponential),
+memory that grows with the tokens as the backbone's activations do; above it each chunk is checkpointed
+instead, which bounds the memory to one chunk's worth and costs a second forward of the head and the softmax
+in backward. Either way the gradient is the same, bit for bit: the recomputation runs the same kernels on the
+same inputs. The choice depends on the chunk size and the head only, never on the number of tokens, so every
+data-parallel rank calls the head the same number of times (ZeRO-3 gathers its weights on each call).
+"""
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -95,6 +108,7 @@ def token_logprobs_and_entropy(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     vocab_limit: int | None = None,
+    keep_logits_bytes: int = KEEP_LOGITS_BYTES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob of ``targets`` and entropy under ``softmax(lm_head(hidden)[:, :vocab_limit] / temperature)``.
 
@@ -103,10 +117,15 @@ def token_logprobs_and_entropy(
         lm_head: the output projection.
         targets: ``(M,)`` token ids.
         temperature: divides the logits (> 0).
-        chunk_size: rows per chunk; under autograd each chunk is recomputed in backward (checkpointing).
+        chunk_size: rows per chunk; under autograd each chunk is recomputed in backward (checkpointing)
+            unless a full chunk's float32 logits fit in ``keep_logits_bytes``.
         vocab_limit: the distribution's support is ids ``[0, vocab_limit)`` (`Policy.vocab_limit`, as the
             samplers draw); ``None``: every output row. A target at or above it (only possible in a prompt)
             gets ``logit - logZ`` over the support: finite, and never a sampled token's logprob.
+        keep_logits_bytes: the most bytes of one full chunk's float32 logits
+            (``chunk_size × lm_head.out_features × 4``) kept for backward instead of recomputed
+            (`KEEP_LOGITS_BYTES`); 0 checkpoints every chunk. A head without an integer ``out_features`` is
+            always checkpointed.
 
     Returns:
         ``(M,)`` float32 logprobs and ``(M,)`` float32 entropies.
@@ -125,10 +144,18 @@ def token_logprobs_and_entropy(
     if hidden.shape[0] == 0:
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty.clone()
+    if keep_logits_bytes < 0:
+        raise ValueError(f"keep_logits_bytes must be >= 0, got {keep_logits_bytes}")
+    out_features = getattr(lm_head, "out_features", None)
+    recompute = (
+        torch.is_grad_enabled()
+        and hidden.requires_grad
+        and not (isinstance(out_features, int) and chunk_size * out_features * 4 <= keep_logits_bytes)
+    )
     logprobs, entropies = [], []
     for start in range(0, hidden.shape[0], chunk_size):
         h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
-        if torch.is_grad_enabled() and h.requires_grad:
+        if recompute:
             lp, ent = checkpoint(chunk_stats, h, t, use_reentrant=False)  # pyright: ignore[reportGeneralTypeIssues]
         else:
             lp, ent = chunk_stats(h, t)
