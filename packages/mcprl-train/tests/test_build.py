@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
+
+import pytest
 
 from mcprl_train.build import load_demos
 from mcprl_train.config import Config
+from mcprl_train.errors import ConfigError
 from mcprl_train.loop.demo_file import Demonstration
 
 
@@ -47,3 +51,53 @@ def test_a_real_model_on_the_tiny_models_profile_is_told_what_it_inherits() -> N
     assert "max_new_tokens_per_turn" not in warning
     assert "optim.lr" not in warning
     assert "env.max_total_tokens=1024" in warning
+
+
+def _family(demo: Demonstration) -> str:
+    return demo.task_id.rsplit("-train-", 1)[0]
+
+
+def test_family_weights_set_each_family_s_share_of_the_demonstrations() -> None:
+    plain = Counter(_family(d) for d in _demos())
+    assert sum(plain.values()) == 60
+    assert len(plain) == 4
+    mixed = _demos("sft.family_weights={quote_ratio: 3}")
+    assert Counter(_family(d) for d in mixed) == {
+        "quote": 10,
+        "quote-mul": 10,
+        "post-quote": 10,
+        "quote-ratio": 30,
+    }
+
+
+def test_family_noise_gives_one_family_the_ideal_script() -> None:
+    import mcprl_tasks
+
+    train = mcprl_tasks.read_tasks(mcprl_tasks.load_preset("demo")[0])
+    by_id = {str(t["id"]): t for t in train}
+    demos = _demos("sft.family_noise={quote_ratio: 0.0}")
+    ratio = [d for d in demos if _family(d) == "quote-ratio"]
+    assert ratio
+    assert all(d.messages == mcprl_tasks.ideal_demo(by_id[d.task_id]) for d in ratio)
+    assert not all(d.succeeds for d in demos if _family(d) != "quote-ratio")  # the others stay imperfect
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["sft.family_weights={quote_ratoi: 2}"], "sft.family_weights / sft.family_noise: .*'quote_ratoi'"),
+        (["sft.family_noise={relay: 0.0}"], "teacher noise names 'relay'"),
+        (["sft.family_noise={quote_ratio: 1.5}"], "sft.family_noise: must be <= 1.0: 1.5"),
+        (["sft.family_weights={quote_ratio: -1}"], "sft.family_weights: must be >= 0.0: -1.0"),
+        (
+            ["sft.family_weights={quote_ratio: 2}", "sft.demos=800", "tasks.train=VALIDATION"],
+            "'quote_ratio': 320 asked, 200 tasks",
+        ),
+    ],
+)
+def test_a_mix_the_training_set_cannot_give_is_refused(overrides: list[str], message: str) -> None:
+    import mcprl_tasks
+
+    validation = str(mcprl_tasks.load_preset("demo")[1])
+    with pytest.raises(ConfigError, match=message):
+        _demos(*(o.replace("VALIDATION", validation) for o in overrides))

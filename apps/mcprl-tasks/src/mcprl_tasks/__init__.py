@@ -4,6 +4,7 @@
 builds new sets; :mod:`mcprl_tasks.demos` turns tasks into warm-start demonstrations.
 """
 
+from mcprl_tasks.demo_mix import PlannedDemo, family_quotas, plan_demos
 from mcprl_tasks.demos import demo_succeeds, ideal_demo, imperfect_teacher, tool_call_text, with_reasoning
 from mcprl_tasks.errors import TasksError, UnknownFamilyError, UnknownPresetError
 from mcprl_tasks.generate import generate_split, generate_tasks, split_combos, write_split
@@ -16,17 +17,20 @@ __all__ = [
     "DEMO_FAMILIES",
     "FAMILIES",
     "PRESETS",
+    "PlannedDemo",
     "TasksError",
     "Universe",
     "UnknownFamilyError",
     "UnknownPresetError",
     "build_preset",
     "demo_succeeds",
+    "family_quotas",
     "generate_split",
     "generate_tasks",
     "ideal_demo",
     "imperfect_teacher",
     "load_preset",
+    "plan_demos",
     "read_tasks",
     "split_combos",
     "tool_call_text",

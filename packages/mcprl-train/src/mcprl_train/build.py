@@ -335,10 +335,13 @@ def scripted_demos(config: Config, path: Path, *, required: bool = True) -> list
     order, so the demonstration set is the same in every run. With ``env.chat_template_kwargs.enable_thinking``
     true, each assistant turn carries a one-line ``reasoning_content`` (`mcprl_tasks.with_reasoning`), which a
     thinking template renders as the turn's ``<think>`` block. The other tasks (a user's own families) are
-    left to GRPO alone.
+    left to GRPO alone. `sft.family_weights` and `sft.family_noise` set each family's share and teacher noise
+    (`mcprl_tasks.plan_demos`).
 
     Raises:
-        ConfigError: `required` and no training task belongs to a family with demonstrations.
+        ConfigError: `required` and no training task belongs to a family with demonstrations, or
+            `sft.family_weights` / `sft.family_noise` name a family without such tasks or ask for more of a
+            family's tasks than the training set holds.
     """
     import random
 
@@ -357,10 +360,20 @@ def scripted_demos(config: Config, path: Path, *, required: bool = True) -> list
             f"{', '.join(families)}; demonstrations exist for {', '.join(sorted(mcprl_tasks.FAMILIES))}); "
             "give demonstrations with sft.demos_path, or set sft.enabled=false to train with GRPO alone"
         )
+    try:
+        plan = mcprl_tasks.plan_demos(
+            [str(_family(raw[i])) for i in scripted],
+            config.sft.demos,
+            teacher_noise=config.sft.teacher_noise,
+            weights=config.sft.family_weights,
+            noise_by_family=config.sft.family_noise,
+        )
+    except mcprl_tasks.TasksError as e:
+        raise ConfigError(f"sft.family_weights / sft.family_noise: {e}") from e
     out: list[Demonstration] = []
-    for i in scripted[: config.sft.demos]:
-        task = raw[i]
-        if rng.random() < config.sft.teacher_noise:
+    for planned in plan:
+        task = raw[scripted[planned.position]]
+        if rng.random() < planned.teacher_noise:
             messages = mcprl_tasks.imperfect_teacher(task, rng, p_typo=config.sft.teacher_typos)
         else:
             messages = mcprl_tasks.ideal_demo(task)

@@ -270,6 +270,9 @@ class SFTConfig:
     ``checkpoint_every`` saves a checkpoint every N SFT steps (0: only after the stage), so that a run killed
     during a long warm start resumes from there instead of starting over.
     ``scheduler`` decays the learning rate after the warmup over the stage's steps (``constant``: no decay).
+    ``family_weights`` mixes the scripted demonstrations by task family (`mcprl_tasks.demo_mix.plan_demos`):
+    each family's share of ``demos`` is proportional to its weight (an unnamed family weighs 1; empty: the
+    tasks as they come, in proportion to the training set). ``family_noise`` sets ``teacher_noise`` per family.
     ``layout`` is the forward's layout (micro-batches of ``optim.micro_batch_tokens`` either way): ``packed``
     (one row per micro-batch), ``padded`` (right-padded rows), or ``auto``: packed where the model's attention is
     varlen (``model.attn_implementation`` auto, on CPU too) and it has no linear-attention layers.
@@ -292,6 +295,14 @@ class SFTConfig:
     checkpoint_every: int = attrs.field(default=0, validator=v.ge(0))
     layout: SFTLayout = "auto"
     scheduler: Scheduler = "constant"
+    family_weights: dict[str, float] = attrs.field(
+        factory=dict[str, float],
+        validator=v.deep_mapping(key_validator=v.min_len(1), value_validator=v.ge(0.0)),
+    )
+    family_noise: dict[str, float] = attrs.field(
+        factory=dict[str, float],
+        validator=v.deep_mapping(key_validator=v.min_len(1), value_validator=[v.ge(0.0), v.le(1.0)]),
+    )
 
 
 @attrs.frozen(kw_only=True)
