@@ -4,10 +4,8 @@ machine with vllm (``scripts/test-gpu.sh``); elsewhere they skip with the reason
 
 from __future__ import annotations
 
-import gc
 import importlib
 import importlib.util
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -21,14 +19,7 @@ from mcprl_policy.vllm_engine import check_sleep_mode
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (run scripts/test-vllm-cpu.sh)")
 
 
-@pytest.fixture(autouse=True)
-def _in_process_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Full-weight reload needs the engine core in this process. Afterwards the test's engines are collected
-    at once: a vLLM engine collected later, while the next test's engine runs, tears down the process-wide
-    parallel state that engine uses (see `Engine.close`)."""
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    yield
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("in_process_vllm_engine")
 
 
 def _is_cpu_vllm() -> bool:

