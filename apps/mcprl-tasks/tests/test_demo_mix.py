@@ -101,3 +101,16 @@ def test_noise_by_family_overrides_the_default_for_that_family_only() -> None:
 def test_bad_noise_is_refused(noise: dict[str, float], default: float, message: str) -> None:
     with pytest.raises(TasksError, match=message):
         plan_demos(["a", "b"], 2, teacher_noise=default, noise_by_family=noise)
+
+
+def test_a_bundled_family_the_tasks_leave_out_is_skipped_and_an_unknown_one_is_refused() -> None:
+    families = ["quote", "post_quote", "quote", "post_quote"]
+    plain = plan_demos(families, 3, teacher_noise=1.0)
+    moot = plan_demos(
+        families, 3, teacher_noise=1.0, weights={"quote_ratio": 2.0}, noise_by_family={"quote_ratio": 0.0}
+    )
+    assert moot == plain
+    with pytest.raises(TasksError, match="teacher noise names 'quote_ratoi', which no training task"):
+        plan_demos(families, 3, teacher_noise=1.0, noise_by_family={"quote_ratoi": 0.0})
+    with pytest.raises(TasksError, match="weights name 'quote_ratoi', which no training task"):
+        plan_demos(families, 3, teacher_noise=1.0, weights={"quote_ratoi": 2.0})

@@ -86,7 +86,7 @@ def test_family_noise_gives_one_family_the_ideal_script() -> None:
     ("overrides", "message"),
     [
         (["sft.family_weights={quote_ratoi: 2}"], "sft.family_weights / sft.family_noise: .*'quote_ratoi'"),
-        (["sft.family_noise={relay: 0.0}"], "teacher noise names 'relay'"),
+        (["sft.family_noise={relai: 0.0}"], "teacher noise names 'relai'"),
         (["sft.family_noise={quote_ratio: 1.5}"], "sft.family_noise: must be <= 1.0: 1.5"),
         (["sft.family_weights={quote_ratio: -1}"], "sft.family_weights: must be >= 0.0: -1.0"),
         (

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mcprl_tasks.errors import TasksError
+from mcprl_tasks.registry import FAMILIES
 
 __all__ = ["PlannedDemo", "family_quotas", "plan_demos"]
 
@@ -83,12 +84,17 @@ def plan_demos(
     `family_quotas` tasks, kept in the order's own interleaving. Each gets the teacher noise of its family
     (``noise_by_family``, else ``teacher_noise``): the chance that the imperfect teacher writes it.
 
+    A bundled family (`mcprl_tasks.registry.FAMILIES`) that ``weights`` or ``noise_by_family`` names and no
+    task here belongs to has nothing to write: its setting is skipped (a profile's setting for the demo's
+    two-ticker family stays harmless when a run trains on other families). Any other name is an error.
+
     Raises:
-        TasksError: a weight or noise names a family that no task in ``families`` belongs to, a noise is
+        TasksError: a weight or noise names a family that is neither bundled nor in ``families``, a noise is
             outside [0, 1], or `family_quotas` refuses the weights.
     """
-    noise = dict(noise_by_family or {})
     available = Counter(families)
+    noise = _present(noise_by_family or {}, available)
+    weights = _present(weights or {}, available)
     unknown = sorted(set(noise) - set(available))
     if unknown:
         raise TasksError(
@@ -110,3 +116,8 @@ def plan_demos(
     else:
         positions = list(range(min(n, len(families))))
     return [PlannedDemo(i, noise.get(families[i], teacher_noise)) for i in positions]
+
+
+def _present(named: Mapping[str, float], available: Counter[str]) -> dict[str, float]:
+    """``named`` without the bundled families that no task of ``available`` belongs to."""
+    return {family: v for family, v in named.items() if family in available or family not in FAMILIES}
