@@ -13,7 +13,6 @@ last reading before the rank exits is its peak).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -25,8 +24,9 @@ from pathlib import Path
 import psutil
 from transformers import AutoConfig, Qwen3ForCausalLM
 
-import mcprl_tasks
 from mcprl_policy.tiny import build_tiny_model
+
+_TESTS = Path(__file__).resolve().parents[1] / "packages/mcprl-train/tests"
 
 
 def model_dir(root: Path, hidden: int, layers: int) -> tuple[Path, int]:
@@ -48,14 +48,6 @@ def model_dir(root: Path, hidden: int, layers: int) -> tuple[Path, int]:
     model = Qwen3ForCausalLM(config)
     model.save_pretrained(out)
     return out, sum(p.numel() for p in model.parameters())
-
-
-def task_file(root: Path) -> Path:
-    train, _ = mcprl_tasks.load_preset("demo")
-    tasks = [t for t in mcprl_tasks.read_tasks(train) if t["metadata"]["family"] == "quote"][:2]
-    path = root / "tasks.json"
-    path.write_text(json.dumps(tasks))
-    return path
 
 
 def vm_hwm_kib(pid: int) -> int | None:
@@ -144,10 +136,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--stages", type=int, nargs="+", default=[3, 2])
     args = parser.parse_args()
+    sys.path.insert(0, str(_TESTS))
+    from train_testkit import demo_tasks  # the task file the DeepSpeed tests' runs use: the first quote tasks
+
     with tempfile.TemporaryDirectory(prefix="bench-ds-memory-") as tmp:
         root = Path(tmp)
         model, params = model_dir(root, args.hidden, args.layers)
-        tasks = task_file(root)
+        tasks = demo_tasks(root / "tasks.json", 2, families=["quote"])
         print(f"model: {params / 1e6:.1f} M params, fp32 {params * 4 / 2**20:.0f} MiB")
         print("| ZeRO stage | distributed.sampling | peak RSS rank 0 (MiB) | peak RSS rank 1 (MiB) | load |")
         print("|---:|---|---:|---:|---|")

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import gc
-import json
 from pathlib import Path
 
 import pytest
+from train_testkit import demo_tasks
 
-import mcprl_tasks
 from mcprl_train.config import Config
 from mcprl_train.loop.trainer import Trainer
 from mcprl_train.run.run_dir import RunDir
@@ -21,10 +20,7 @@ class Stop(Exception):
 
 
 def config(tmp_path: Path, name: str) -> Config:
-    train, _ = mcprl_tasks.load_preset("demo")
-    tasks = [t for t in mcprl_tasks.read_tasks(train) if t["metadata"]["family"] == "quote"][:2]
-    path = tmp_path / "tasks.json"
-    path.write_text(json.dumps(tasks))
+    path = demo_tasks(tmp_path / "tasks.json", 2, families=["quote"])
     return Config.load(
         "cpu",
         overrides=[

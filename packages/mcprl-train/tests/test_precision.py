@@ -18,8 +18,8 @@ import pytest
 import structlog
 import torch
 from safetensors.torch import load_file  # pyright: ignore[reportUnknownVariableType]
+from train_testkit import demo_tasks
 
-import mcprl_tasks
 from mcprl_env import Episode, EpisodeGroup, Task
 from mcprl_policy import HFSampler, Policy, SamplingParams
 from mcprl_train.cli import main
@@ -222,18 +222,10 @@ def test_the_gpu_profiles_train_in_bf16_mixed() -> None:
         assert Config.load(profile).model.precision.name == "bf16-mixed", profile
 
 
-def _task_file(tmp_path: Path) -> Path:
-    train, _ = mcprl_tasks.load_preset("demo")
-    tasks = [t for t in mcprl_tasks.read_tasks(train) if t["metadata"]["family"] == "quote"][:2]
-    path = tmp_path / "tasks.json"
-    path.write_text(json.dumps(tasks))
-    return path
-
-
 @pytest.mark.slow
 @pytest.mark.usefixtures("_reset_structlog")
 def test_a_bf16_mixed_run_checkpoints_fp32_weights_and_optimizer_state_and_resumes(tmp_path: Path) -> None:
-    tasks = _task_file(tmp_path)
+    tasks = demo_tasks(tmp_path / "tasks.json", 2, families=["quote"])
     args = [
         "train",
         "--run-name",

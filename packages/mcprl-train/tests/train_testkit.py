@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -92,14 +93,16 @@ def plan_cli(tmp_path: Path, *args: str, columns: int = 160) -> subprocess.Compl
     )
 
 
-def demo_tasks(path: Path, per_family: int) -> Path:
-    """The first ``per_family`` train tasks of each demo family (finance, calculator and messaging servers),
-    written to the task file ``path``."""
+def demo_tasks(path: Path, per_family: int, *, families: Collection[str] | None = None) -> Path:
+    """The first ``per_family`` train tasks of each demo family (finance, calculator and messaging servers), or
+    of ``families`` only, written to the task file ``path``."""
     train, _ = mcprl_tasks.load_preset("demo")
     counts: dict[str, int] = {}
     tasks: list[dict[str, Any]] = []
     for task in mcprl_tasks.read_tasks(train):
         family = task["metadata"]["family"]
+        if families is not None and family not in families:
+            continue
         if counts.get(family, 0) < per_family:
             counts[family] = counts.get(family, 0) + 1
             tasks.append(task)
