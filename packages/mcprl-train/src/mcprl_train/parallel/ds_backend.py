@@ -207,8 +207,8 @@ class DeepSpeedBackend:
             model_parameters=params,
             config=deepspeed_config(config),
         )
-        # The reference (a copy of `sampling_policy`'s weights) follows them by EMA or re-sync right after the
-        # update, before the trainer's `publish`: they must be the updated weights by the end of each step.
+        # A full-copy reference follows `sampling_policy`'s weights right after the update, before the trainer's
+        # `publish`: they must be the updated weights by then. ZeRO-3's reference reads the engine's partitions.
         self.publish_after_step = (
             config.grpo.kl_coef > 0 and config.reference.every > 0 and self.zero_stage < 3
         )
