@@ -1,13 +1,16 @@
-"""Peak resident memory per rank of a two-rank DeepSpeed run: sampling from the engine against a replica.
+"""Peak resident memory per rank of a two-rank DeepSpeed run: sampling from the engine against a replica, and
+the KL reference's share (``--kl-coefs 0.01 0``: the same run with and without a reference).
 
 Runs ``mcprl-train --profile a100x2`` on 2 gloo ranks on CPU (fp32, no gradient checkpointing: what a CPU
 needs) with a randomly initialised Qwen3 of ``--hidden``/``--layers`` (the embedded tiny model's tokenizer, a
 wider and deeper body, so that the weights dominate the processes' memory) for ``--steps`` GRPO steps, once per
-``distributed.sampling`` and ZeRO stage, the sides alternating over ``--repeats``. Each rank's peak RSS is its
+``distributed.sampling``, ZeRO stage and ``grpo.kl_coef`` (0 turns the reference off), the sides alternating
+over ``--repeats``. Each rank's peak RSS is its
 ``VmHWM`` (``/proc/<pid>/status``), read every 0.2 s while the run lasts (the high-water mark only grows, so the
 last reading before the rank exits is its peak).
 
     uv run python benchmarks/bench_ds_memory.py [--hidden 1024] [--layers 8] [--steps 1] [--repeats 1]
+        [--stages 3 2] [--samplings replica engine] [--kl-coefs 0.01]
 """
 
 from __future__ import annotations
@@ -61,10 +64,10 @@ def vm_hwm_kib(pid: int) -> int | None:
 
 
 def one_run(
-    root: Path, model: Path, tasks: Path, sampling: str, stage: int, steps: int
+    root: Path, model: Path, tasks: Path, sampling: str, stage: int, steps: int, kl: float
 ) -> tuple[list[int], tuple[float, float]]:
     """One run; each rank's peak RSS (MiB, by rank) and the load average before and after."""
-    name = f"{sampling}-z{stage}-{time.monotonic_ns()}"
+    name = f"{sampling}-z{stage}-kl{kl}-{time.monotonic_ns()}"
     sets = [
         f"model.name={model}",
         "model.device=cpu",
@@ -82,6 +85,8 @@ def one_run(
         "tools.offline=[finance]",
         "grpo.group_size=2",
         "grpo.tasks_per_step=2",
+        f"grpo.kl_coef={kl}",
+        *(["reference.every=0"] if kl == 0 else []),
         "env.max_new_tokens_per_turn=16",
         "env.max_turns_by_difficulty={easy: 2, medium: 2, hard: 2}",
         "collection.max_concurrent_episodes=2",
@@ -135,6 +140,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--stages", type=int, nargs="+", default=[3, 2])
+    parser.add_argument(
+        "--samplings", nargs="+", default=["replica", "engine"], choices=["replica", "engine"]
+    )
+    parser.add_argument("--kl-coefs", type=float, nargs="+", default=[0.01])
     args = parser.parse_args()
     sys.path.insert(0, str(_TESTS))
     from train_testkit import demo_tasks  # the task file the DeepSpeed tests' runs use: the first quote tasks
@@ -144,15 +153,19 @@ def main() -> None:
         model, params = model_dir(root, args.hidden, args.layers)
         tasks = demo_tasks(root / "tasks.json", 2, families=["quote"])
         print(f"model: {params / 1e6:.1f} M params, fp32 {params * 4 / 2**20:.0f} MiB")
-        print("| ZeRO stage | distributed.sampling | peak RSS rank 0 (MiB) | peak RSS rank 1 (MiB) | load |")
-        print("|---:|---|---:|---:|---|")
+        print(
+            "| ZeRO stage | distributed.sampling | grpo.kl_coef | peak RSS rank 0 (MiB) | peak RSS rank 1 (MiB) "
+            "| load |"
+        )
+        print("|---:|---|---:|---:|---:|---|")
         for r in range(args.repeats):
             for stage in args.stages:
-                order = ("replica", "engine") if r % 2 == 0 else ("engine", "replica")
-                for sampling in order:
-                    peak, load = one_run(root, model, tasks, sampling, stage, args.steps)
+                sides = [(s, kl) for s in args.samplings for kl in args.kl_coefs]
+                for sampling, kl in sides if r % 2 == 0 else reversed(sides):
+                    peak, load = one_run(root, model, tasks, sampling, stage, args.steps, kl)
                     print(
-                        f"| {stage} | {sampling} | {peak[0]:,} | {peak[1]:,} | {load[0]:.1f}-{load[1]:.1f} |",
+                        f"| {stage} | {sampling} | {kl:g} | {peak[0]:,} | {peak[1]:,} "
+                        f"| {load[0]:.1f}-{load[1]:.1f} |",
                         flush=True,
                     )
 

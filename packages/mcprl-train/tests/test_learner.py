@@ -341,18 +341,16 @@ def test_ema_reference_moves_by_the_formula_every_n_steps(policy_state: Policy) 
 def test_learner_state_carries_the_moved_reference(policy_state: Policy) -> None:
     cfg = config("grpo.kl_coef=0.01", "reference.every=1", "reference.ema=0.5", "grpo.minibatches=1")
     policy = fresh_policy(policy_state)
-    learner = Learner(
-        policy=policy, config=cfg, total_steps=10, seed=0, reference=ReferencePolicy.for_policy(policy)
-    )
+    reference = ReferencePolicy.for_policy(policy)
+    learner = Learner(policy=policy, config=cfg, total_steps=10, seed=0, reference=reference)
     samples, _ = learner.prepare(synthetic_groups(policy))
     learner.update(samples)
     learner.step_reference(1)
     state = learner.state_dict()
     # A resumed run builds its reference from the restored policy, then loads the saved one over it.
     restored = fresh_policy(policy)
-    other = Learner(
-        policy=restored, config=cfg, total_steps=10, seed=0, reference=ReferencePolicy.for_policy(restored)
-    )
+    other_reference = ReferencePolicy.for_policy(restored)
+    other = Learner(policy=restored, config=cfg, total_steps=10, seed=0, reference=other_reference)
     assert learner.reference is not None
     assert other.reference is not None
     seqs = [tensor_list(s.token_ids, int) for s in samples[:2]]
@@ -360,11 +358,11 @@ def test_learner_state_carries_the_moved_reference(policy_state: Policy) -> None
     assert (other.reference.logprobs(seqs).logprobs - moved).abs().max() > 1e-5
     other.load_state_dict(state)
     assert other.reference is not None
-    assert other.reference.frozen is not None
-    assert learner.reference.frozen is not None
+    assert other_reference.frozen is not None
+    assert reference.frozen is not None
     for a, b in zip(
-        other.reference.frozen.state_dict().values(),
-        learner.reference.frozen.state_dict().values(),
+        other_reference.frozen.state_dict().values(),
+        reference.frozen.state_dict().values(),
         strict=True,
     ):
         assert torch.equal(a, b)

@@ -107,7 +107,7 @@ def readme_estimate(config: Config, arch: tuple[int, int, int, int, int, int, in
     if ds.backend == "deepspeed" and ds.sampling == "engine" and z == 3:
         rows["zero3 gathered weights"] = weights
     if lora is None and config.grpo.kl_coef > 0:
-        rows["reference policy"] = p * w
+        rows["reference policy"] = p * w / (n if z == 3 else 1)
     a = 2 * (4 * h + 4) + w * (2 * q + 2 * k) + 4 * heads + 3 * w * i + 4 * (q + k) + 4 * (heads + kv_heads)
     if lora is None:
         a += 2 * s * h + (2 if s == w else 5) * w * h + w * i + w * (q + k)
@@ -405,7 +405,7 @@ def test_deepspeed_optimizer_state_equals_the_measured_bytes(tmp_path: Path, sta
     assert plan_memory(config, load_model_shape(model_dir)).bytes_of()["optimizer states"] == measured
 
 
-def test_a100x2_counts_the_gathered_weights_while_sampling_and_an_unpartitioned_reference_per_rank() -> None:
+def test_a100x2_counts_the_gathered_weights_while_sampling_and_a_partitioned_reference_per_rank() -> None:
     shape = load_model_shape("Qwen/Qwen3-0.6B")
     config = Config.load(profile="a100x2")
     assert config.distributed.sampling == "engine"
@@ -417,7 +417,9 @@ def test_a100x2_counts_the_gathered_weights_while_sampling_and_an_unpartitioned_
     assert "sampling replica" not in rows
     assert rows["zero3 gathered weights"] == p * 2
     assert {r.name: r.phase for r in plan.rows}["zero3 gathered weights"] == "sampling"
-    assert rows["reference policy"] == p * 2
+    assert rows["reference policy"] == p * 2 // 2  # ZeRO-3 partitions it like the engine
+    zero2 = plan_memory(config.replace(["distributed.zero_stage=2"]), shape).bytes_of()
+    assert zero2["reference policy"] == p * 2  # full parameters on every rank: the reference is a full copy
     assert rows["zero3 gathered params"] == (151_936 * 1024 + 50_000_000) * 2
     assert rows["optimizer states"] == p * 12 // 2
     no_kl = plan_memory(config.replace(["grpo.kl_coef=0", "reference.every=0"]), shape).bytes_of()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mcprl_tasks
-from mcprl_policy import HFSampler
+from mcprl_policy import HFSampler, ReferencePolicy
 from mcprl_train.config import Config
 from mcprl_train.loop.trainer import Trainer
 from mcprl_train.run.run_dir import RunDir
@@ -140,9 +140,10 @@ def test_resume_continues_exactly_where_an_uninterrupted_run_would(tmp_path: Pat
 
 def reference_of(trainer: Trainer) -> list[torch.Tensor]:
     assert trainer.learner is not None
-    assert trainer.learner.reference is not None
-    assert trainer.learner.reference.frozen is not None
-    return [t.detach().clone() for t in trainer.learner.reference.frozen.state_dict().values()]
+    reference = trainer.learner.reference
+    assert isinstance(reference, ReferencePolicy)  # one process: a full copy
+    assert reference.frozen is not None
+    return [t.detach().clone() for t in reference.frozen.state_dict().values()]
 
 
 class ReferenceRecorder(Recorder):

@@ -26,7 +26,28 @@ from mcprl_policy.packed import PackedForward, packed_forward
 from mcprl_policy.padded import padded_forward
 from mcprl_policy.policy import Policy
 
-__all__ = ["ReferencePolicy"]
+__all__ = ["ReferencePolicy", "frozen_forward"]
+
+
+def frozen_forward(
+    policy: Policy, model: nn.Module, sequences: Sequence[Sequence[int]], temperature: float
+) -> PackedForward:
+    """Per-token logprobs of ``sequences`` under a frozen ``model`` read as ``policy`` reads its own.
+
+    Runs under the policy's `Policy.autocast`, with its logits chunking, vocabulary limit and pad token: packed
+    when the model allows it (`is_packable`), else padded rows (the same per-token results). No autograd
+    context is set: callers run it under ``torch.no_grad()``.
+    """
+    chunk, limit = policy.logits_chunk_size, policy.vocab_limit
+    with policy.autocast():
+        if is_packable(model):
+            return packed_forward(
+                model, sequences, temperature=temperature, chunk_size=chunk, vocab_limit=limit
+            )
+        pad = int(policy.tokenizer.pad_token_id or 0)
+        return padded_forward(
+            model, sequences, temperature=temperature, chunk_size=chunk, pad_token_id=pad, vocab_limit=limit
+        )
 
 
 class ReferencePolicy:
@@ -59,30 +80,15 @@ class ReferencePolicy:
     def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> PackedForward:
         """Per-token reference logprobs and entropies of packed ``sequences`` (no values, no autograd)."""
         if self.frozen is not None:
-            with self.policy.autocast():
-                return self._forward(self.frozen, sequences, temperature)
+            return frozen_forward(self.policy, self.frozen, sequences, temperature)
         model = self.policy.model
         was_training = model.training
         model.eval()
         try:
-            with model.disable_adapter(), self.policy.autocast():  # pyright: ignore[reportCallIssue, reportAttributeAccessIssue]
-                return self._forward(model, sequences, temperature)
+            with model.disable_adapter():  # pyright: ignore[reportCallIssue, reportAttributeAccessIssue]
+                return frozen_forward(self.policy, model, sequences, temperature)
         finally:
             model.train(was_training)
-
-    def _forward(
-        self, model: nn.Module, sequences: Sequence[Sequence[int]], temperature: float
-    ) -> PackedForward:
-        """Packed when the model allows it (`is_packable`), else padded rows: the same per-token results."""
-        chunk, limit = self.policy.logits_chunk_size, self.policy.vocab_limit
-        if is_packable(model):
-            return packed_forward(
-                model, sequences, temperature=temperature, chunk_size=chunk, vocab_limit=limit
-            )
-        pad = int(self.policy.tokenizer.pad_token_id or 0)
-        return padded_forward(
-            model, sequences, temperature=temperature, chunk_size=chunk, pad_token_id=pad, vocab_limit=limit
-        )
 
     @torch.no_grad()
     def update(self, *, ema: float) -> None:

@@ -7,7 +7,7 @@ Everything that turns config values into objects of the other packages lives her
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias, assert_never, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, assert_never, cast, runtime_checkable
 
 import structlog
 
@@ -15,12 +15,13 @@ from mcprl_train.errors import ConfigError, DistributedError
 
 if TYPE_CHECKING:
     from mcprl_env import Checker, Task, TaskSet
-    from mcprl_policy import Policy, PolicySampler, ReferencePolicy
+    from mcprl_policy import Policy, PolicySampler
     from mcprl_tools import MissingVariables, ServersConfig
     from mcprl_train.config import Config
     from mcprl_train.loop.demo_file import Demonstration
+    from mcprl_train.loop.learner import KLReference
     from mcprl_train.loop.task_stream import IndexedTasks
-    from mcprl_train.loop.update import TorchBackend
+    from mcprl_train.loop.update import TorchBackend, UpdateBackend
 
 TaskData: TypeAlias = "tuple[TaskSet, list[Task]]"
 """The indexed training set and the fixed validation subset (`load_tasks`)."""
@@ -120,10 +121,31 @@ def torch_backend(config: Config, *, source: str | None = None) -> TorchBackend:
     return TorchBackend(build_policy(config, source=source), config.optim)
 
 
-def build_reference(config: Config, policy: Policy) -> ReferencePolicy | None:
-    """The KL reference (`mcprl_policy.ReferencePolicy`), or None when `grpo.kl_coef` is 0 (never read)."""
+@runtime_checkable
+class PartitionsReference(Protocol):
+    """An update backend whose parameters are partitioned and which partitions the KL reference alike
+    (DeepSpeed ZeRO-3: `mcprl_train.parallel.ds_backend.DeepSpeedBackend`)."""
+
+    def partitioned_reference(self) -> KLReference | None:
+        """The backend's own reference; None: the parameters are not partitioned, a full copy does."""
+        ...
+
+
+def build_reference(
+    config: Config, policy: Policy, *, backend: UpdateBackend | None = None
+) -> KLReference | None:
+    """The KL reference, or None when `grpo.kl_coef` is 0 (never read).
+
+    The backend's partitioned reference where it has one (ZeRO-3), else `mcprl_policy.ReferencePolicy` of
+    ``policy``: adapters off for LoRA, a frozen full copy otherwise.
+    """
     if config.grpo.kl_coef <= 0:
         return None
+    if (
+        isinstance(backend, PartitionsReference)
+        and (reference := backend.partitioned_reference()) is not None
+    ):
+        return reference
     from mcprl_policy import ReferencePolicy
 
     return ReferencePolicy.for_policy(policy)

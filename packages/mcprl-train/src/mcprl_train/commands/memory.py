@@ -198,9 +198,9 @@ def _copy_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[Memory
 
     ``distributed.sampling=replica``: a full copy per rank, resident. ``engine``: ZeRO 0-2 sample from the
     engine's full weights (no row); ZeRO-3 gathers them to full size for collection and evaluation and releases
-    them before the update (`mcprl_train.parallel.gathered`), a ``sampling`` transient (also live right after
-    an optimizer step when the reference follows the policy, when the update's activations are already freed).
-    The reference is a full frozen copy on every rank, never partitioned.
+    them before the update (`mcprl_train.parallel.gathered`), a ``sampling`` transient.
+    The reference is a frozen copy, full on every rank except under ZeRO-3, which partitions it like the engine
+    (`mcprl_train.parallel.ds_reference`; its forward gathers a layer at a time, as the engine's does).
     """
     rows: list[MemoryRow] = []
     lora = config.lora is not None
@@ -231,9 +231,8 @@ def _copy_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[Memory
                 assert_never(unreachable)
     if not lora and config.grpo.kl_coef > 0:
         p = shape.num_params
-        rows.append(
-            MemoryRow(name="reference policy", nbytes=p * w, formula=f"P {_m(p)} × {w} B, frozen copy")
-        )
+        n, stage = _zero(config)
+        rows.append(_sharded("reference policy", p * w, f"P {_m(p)} × {w} B, frozen copy", n, stage == 3))
     return rows
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 import torch
@@ -41,7 +41,7 @@ from mcprl_grpo import (
     value_metrics,
     zero_variance_groups,
 )
-from mcprl_policy import PackedForward, Policy, ReferencePolicy
+from mcprl_policy import PackedForward, Policy
 from mcprl_train import collectives
 from mcprl_train.config import Config
 from mcprl_train.errors import CheckpointError, RatioHealthError
@@ -51,6 +51,34 @@ from mcprl_train.loop.update import TorchBackend, UpdateBackend
 from mcprl_train.typed_torch import tensor_list
 
 logger = structlog.get_logger()
+
+
+class KLReference(Protocol):
+    """The KL reference the learner reads and moves: `mcprl_policy.ReferencePolicy` (one process, ZeRO 0-2) or
+    a ZeRO-3 partitioned one (`mcprl_train.parallel.ds_reference`), where `logprobs` is collective."""
+
+    @property
+    def shares_weights(self) -> bool:
+        """Whether the reference is the policy's own base weights (LoRA): nothing to move or checkpoint."""
+        ...
+
+    def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> PackedForward:
+        """Per-token reference logprobs of packed ``sequences`` (no autograd)."""
+        ...
+
+    def update(self, *, ema: float) -> None:
+        """``ref ← ema·ref + (1-ema)·policy``."""
+        ...
+
+    def sync(self) -> None:
+        """Copy the policy's weights into the reference."""
+        ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """What the learner's checkpointed state holds of the reference."""
+        ...
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
 
 
 def split_minibatches(num_items: int, num: int, rng: random.Random) -> list[list[int]]:
@@ -142,7 +170,7 @@ class Learner:
         config: Config,
         total_steps: int,
         seed: int,
-        reference: ReferencePolicy | None = None,
+        reference: KLReference | None = None,
         backend: UpdateBackend | None = None,
     ) -> None:
         self.policy = policy
@@ -174,7 +202,7 @@ class Learner:
         return many or self.needs_values or asked
 
     @property
-    def reference_copy(self) -> ReferencePolicy | None:
+    def reference_copy(self) -> KLReference | None:
         """The reference when it is a copy of its own (full fine-tune), which checkpoints must carry."""
         if self.reference is None or self.reference.shares_weights:
             return None

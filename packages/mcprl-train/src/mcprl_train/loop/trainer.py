@@ -171,7 +171,7 @@ class Trainer:
             config=cfg,
             total_steps=cfg.run.steps,
             seed=cfg.run.seed,
-            reference=build.build_reference(cfg, sampling),
+            reference=build.build_reference(cfg, sampling, backend=self.backend),
             backend=self.backend,
         )
         self.backend.publish()

@@ -15,16 +15,14 @@ section describes the whole path):
     update's activations.
   - ``replica``: a second full copy per rank; `publish` gathers the trained parameters into it (collective).
 
-  Either way, when the KL reference follows the policy (``reference.every > 0``: its EMA or re-sync reads
+  Under ZeRO 0-2, when the KL reference follows the policy (``reference.every > 0``: its EMA or re-sync reads
   `sampling_policy` right after the update, before the trainer publishes), each optimizer step ends with a
   `publish`, so the reference reads the updated weights.
 
-- The KL reference (built by the trainer from `sampling_policy` when ``grpo.kl_coef > 0``, not at all
-  otherwise) is a full frozen copy on every rank, not a partitioned inference-only engine as TRL's
-  ``prepare_deepspeed`` makes for ZeRO-3: `mcprl_policy.ReferencePolicy`'s EMA/re-sync and its checkpointed
-  ``state_dict`` read and write whole tensors of both models, which ZeRO-3 partitions would present as empty
-  ones. A partitioned reference needs those to work per partition (two engines partition each parameter
-  alike), in mcprl-policy's reference and the learner's type for it.
+- The KL reference (when ``grpo.kl_coef > 0``): under ZeRO-3 `partitioned_reference` gives the trainer a
+  reference partitioned like the engine (`mcprl_train.parallel.ds_reference`: built here, followed per
+  partition, saved with the engine's partitions); under ZeRO 0-2 the trainer builds a full frozen copy of
+  `sampling_policy`, as in one process.
 - Under ZeRO-3 every module call all-gathers parameters, so `lay_out` makes the ranks agree on the number of
   micro-batches and, per micro-batch, of logits chunks (the output head runs once per
   `Policy.logits_chunk_size` rows), topping up with filler sequences whose action mask is empty.
@@ -55,6 +53,7 @@ from mcprl_train.errors import DistributedError
 from mcprl_train.loop.samples import Sample
 from mcprl_train.loop.update import CheckpointWriter, adamw
 from mcprl_train.parallel.deepspeed import deepspeed_config, require_deepspeed
+from mcprl_train.parallel.ds_reference import PartitionedReference, partitioned_reference
 from mcprl_train.parallel.gathered import GatheredWeights
 from mcprl_train.typed_torch import tensor_list
 
@@ -208,9 +207,14 @@ class DeepSpeedBackend:
             model_parameters=params,
             config=deepspeed_config(config),
         )
-        # The reference (a copy of `sampling_policy`'s weights) follows them by EMA or re-sync right after the
-        # update, before the trainer's `publish`: they must be the updated weights by the end of each step.
-        self.publish_after_step = config.grpo.kl_coef > 0 and config.reference.every > 0
+        # A full-copy reference follows `sampling_policy`'s weights right after the update, before the trainer's
+        # `publish`: they must be the updated weights by then. ZeRO-3's reference reads the engine's partitions.
+        self.publish_after_step = (
+            config.grpo.kl_coef > 0 and config.reference.every > 0 and self.zero_stage < 3
+        )
+        self.reference: PartitionedReference | None = None
+        if config.grpo.kl_coef > 0 and self.zero_stage == 3:
+            self.reference = partitioned_reference(config, policy)
         self.replica_stale = replica is not None
         self.gathered: GatheredWeights | None = None
         if replica is None and self.zero_stage == 3:
@@ -270,6 +274,10 @@ class DeepSpeedBackend:
             self.publish()
         return float(norm) if norm is not None else float("nan")
 
+    def partitioned_reference(self) -> PartitionedReference | None:
+        """The ZeRO-3 KL reference (`mcprl_train.parallel.ds_reference`); None: a full copy is built instead."""
+        return self.reference
+
     # -- sampling -------------------------------------------------------------------------------------------
 
     def _release(self) -> None:
@@ -324,6 +332,8 @@ class DeepSpeedBackend:
                 shutil.rmtree(stale, ignore_errors=True)
         collectives.barrier()
         self.engine.save_checkpoint(str(staging), tag=ENGINE_TAG, save_latest=False)
+        if self.reference is not None:
+            self.reference.save_partition(staging / ENGINE_TAG)
         collectives.barrier()
         if full:
             self.publish()
@@ -355,6 +365,8 @@ class DeepSpeedBackend:
                 f"no DeepSpeed engine state under {str(checkpoint / ENGINE_TAG)!r} (a checkpoint resumes only "
                 "with the number of ranks that saved it)"
             )
+        if self.reference is not None:
+            self.reference.load_partition(checkpoint / ENGINE_TAG)
 
     def checkpoint_meta(self) -> dict[str, Any]:
         return {"world_size": self.world, "zero_stage": self.zero_stage, "sampling": self.sampling}
