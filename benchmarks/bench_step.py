@@ -24,7 +24,7 @@ step's shape split into attention, KV-cache concatenation, weight matmuls and th
 of one decode step. On a shared machine run it with ``OMP_NUM_THREADS=1`` (threads spinning against other
 processes' threads inflate both clocks).
 
-    uv run python benchmarks/bench_step.py [--checkpoint outputs/RUN] [--steps 3] [--eval-tasks 400]
+    uv run python benchmarks/bench_step.py [--checkpoint outputs/RUN] [--steps 3] [--skip-steps 0] [--eval-tasks 400]
 
 ``--checkpoint`` starts from a run's latest checkpoint (e.g. one after the warm start:
 ``uv run mcprl-train --run-name warm --set run.steps=0``); without it the freshly built model (untrained: its
@@ -486,7 +486,7 @@ def fmt_row(name: str, wall: float, cpu: float | None, note: str = "", bound: fl
 def config_for(args: argparse.Namespace, output_dir: Path) -> Config:
     overrides = [
         "sft.enabled=false",
-        f"run.steps={args.steps + 1}",
+        f"run.steps={args.skip_steps + args.steps + 1}",
         "eval.every=0",
         f"eval.n_tasks={args.eval_tasks}",
         "run.checkpoint_every=0",
@@ -501,7 +501,7 @@ def config_for(args: argparse.Namespace, output_dir: Path) -> Config:
 def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: str, load0: float) -> None:
     model = trainer.policy.model
     n_matmul, shapes = matmul_params(model)
-    steps = rec.records
+    skipped, steps = rec.records[: args.skip_steps], rec.records[args.skip_steps :]
     n = len(steps)
 
     def mean_phase(which: str, name: str) -> Phase:
@@ -557,6 +557,11 @@ def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: st
         f"matmul GFLOP/s on the model's Linear shapes (one core's, by its CPU time, x threads): {g_decode:.1f} at {rows_decode:.0f} rows (decode), "
         f"{g_prefill:.1f} at {rows_prefill:.0f} rows (prefill), {g_update:.1f} at "
         f"{trainer.config.optim.micro_batch_tokens} rows (update)",
+        *(
+            f"left out of the means: GRPO step {i + 1}, update {r.learn[1].wall - r.learn[0].wall:.2f} s wall, "
+            f"{r.learn[1].cpu - r.learn[0].cpu:.2f} s CPU; step {r.end.wall - r.collect[0].wall:.2f} s wall"
+            for i, r in enumerate(skipped)
+        ),
         f"GRPO steps measured: {n}; per step: {decode.calls} decode calls of {rows_decode:.0f} rows, "
         f"{prefill.calls} prefills of {rows_prefill:.0f} tokens, {tools.calls} tool calls, "
         f"{train_tokens:.0f} trained tokens",
@@ -680,6 +685,12 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, default=None, help="a checkpoint or run directory")
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps measured")
     parser.add_argument("--eval-tasks", type=int, default=400, help="greedy evaluation episodes")
+    parser.add_argument(
+        "--skip-steps",
+        type=int,
+        default=0,
+        help="GRPO steps run first and left out of the means (their update time printed: a compile's)",
+    )
     parser.add_argument("--set", action="append", default=[], help="extra config override key=value")
     parser.add_argument(
         "--decode-shapes",
@@ -691,6 +702,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be >= 1")
+    if args.skip_steps < 0:
+        parser.error("--skip-steps must be >= 0")
     if args.decode_shapes is not None:
         decode_shapes(args, parser)
         return
@@ -707,7 +720,7 @@ def main() -> None:
         else:
             policy_dir = None
             source = "freshly built, untrained"
-        rec = Recorder(args.steps)
+        rec = Recorder(args.skip_steps + args.steps)
         trainer = Trainer(
             config,
             RunDir.create(config),

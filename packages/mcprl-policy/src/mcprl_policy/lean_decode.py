@@ -213,9 +213,10 @@ class LeanDecoder:
                 raise SamplerError(
                     f"the lean decode forward writes into a KVPool, not a {type(cache).__name__}"
                 )
-            hidden = _decoder_layer(layer, hidden, cos, sin, attention_mask, cache)
-        hidden = self._norm(hidden)
-        return LeanOutput(logits=self._lm_head(hidden[:, -1:, :]))
+            query, key, value = _projections(layer, hidden, cos, sin)
+            attention = _pool_attention(layer, query, key, value, attention_mask, cache)
+            hidden = _mlp_block(layer, hidden, attention)
+        return LeanOutput(logits=_logits(self._norm, self._lm_head, hidden))
 
 
 def _number(module: nn.Module, name: str) -> float:
@@ -225,30 +226,11 @@ def _number(module: nn.Module, name: str) -> float:
     return value
 
 
-def _decoder_layer(
-    layer: _Layer,
-    hidden: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    mask: torch.Tensor | None,
-    cache: PoolLayer,
-) -> torch.Tensor:
-    """``Qwen3DecoderLayer.forward`` (the same in Llama and Qwen2) with `_attention` inlined: ``(B, 1, H)``."""
-    residual = hidden
-    hidden = residual + _attention(layer, layer.input_layernorm(hidden), cos, sin, mask, cache)
-    residual = hidden
-    return residual + layer.mlp(layer.post_attention_layernorm(hidden))
-
-
-def _attention(
-    layer: _Layer,
-    hidden: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    mask: torch.Tensor | None,
-    cache: PoolLayer,
-) -> torch.Tensor:
-    """``Qwen3Attention.forward`` + ``sdpa_attention_forward`` at q_len 1 (no q/k norms for Llama and Qwen2)."""
+def _projections(
+    layer: _Layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The input norm, q/k/v projections, q/k norms (Qwen3) and rotary: ``(B, heads, 1, head_dim)`` each."""
+    hidden = layer.input_layernorm(hidden)
     hidden_shape = (*hidden.shape[:-1], -1, layer.head_dim)
     query = layer.q_proj(hidden).view(hidden_shape)
     key = layer.k_proj(hidden).view(hidden_shape)
@@ -258,6 +240,18 @@ def _attention(
     value = layer.v_proj(hidden).view(hidden_shape).transpose(1, 2)
     query = (query * cos) + (_rotate_half(query) * sin)
     key = (key * cos) + (_rotate_half(key) * sin)
+    return query, key, value
+
+
+def _pool_attention(
+    layer: _Layer,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    cache: PoolLayer,
+) -> torch.Tensor:
+    """The pool write and ``sdpa_attention_forward`` at q_len 1: ``(B, 1, heads, head_dim)``."""
     key, value = cache.update(key, value)
     gqa = False
     if layer.groups > 1:
@@ -281,8 +275,18 @@ def _attention(
             query, key, value, attn_mask=mask, dropout_p=0.0, scale=layer.scaling, is_causal=False
         )
     )
-    out = out.transpose(1, 2).contiguous()
-    return layer.o_proj(out.reshape(*hidden.shape[:-1], -1).contiguous())
+    return out.transpose(1, 2).contiguous()
+
+
+def _mlp_block(layer: _Layer, residual: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """``o_proj``, the residual, the post-attention norm, the MLP and its residual: ``(B, 1, H)``."""
+    hidden = residual + layer.o_proj(attention.reshape(*residual.shape[:-1], -1).contiguous())
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+def _logits(norm: nn.Module, lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The final norm and the head at the last position: ``(B, 1, V)``."""
+    return lm_head(norm(hidden)[:, -1:, :])
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -230,6 +230,10 @@ class OptimConfig:
     ``layout`` is ``packed`` (one row per micro-batch, varlen attention per `model.attn_implementation`; not for
     models with linear-attention layers) or ``padded`` (length-sorted right-padded rows); ``logits_chunk_size`` is
     how many token rows get their vocabulary logits at once (peak logits memory ∝ rows × vocabulary).
+    ``compile`` runs the update's forward and backward through the policy's decoder layers compiled by
+    ``torch.compile`` (inductor, dynamic shapes; `mcprl_policy.compiled.CompiledLayers`): not the eager bits (within
+    float tolerance), a compile of tens of seconds on the first updates, on CPU (a C++ compiler) or CUDA (triton),
+    ``padded`` layout only.
     """
 
     lr: float = attrs.field(default=5e-6, validator=v.gt(0.0))
@@ -243,6 +247,14 @@ class OptimConfig:
     micro_batch_tokens: int = attrs.field(default=8192, validator=v.ge(16))
     layout: Literal["packed", "padded"] = "packed"
     logits_chunk_size: int = attrs.field(default=1024, validator=v.ge(1))
+    compile: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.compile and self.layout != "padded":
+            raise ConfigError(
+                "optim.compile: true needs optim.layout=padded (the packed layout's per-sequence attention "
+                "breaks the compiled graph and recompiles it for every new set of lengths)"
+            )
 
 
 SFTLayout = Literal["auto", "packed", "padded"]

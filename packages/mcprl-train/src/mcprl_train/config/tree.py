@@ -117,6 +117,11 @@ class Config:
         self._check_deepspeed_precision()
         self._check_overlap()
         self._check_vllm_sleep()
+        if self.optim.compile and self.distributed.backend != "none":
+            raise ConfigError(
+                f"optim.compile: true with distributed.backend={self.distributed.backend}: compiled layers are "
+                "wired into the one-process update only; set optim.compile=false"
+            )
 
     def _check_vllm_sleep(self) -> None:
         """Sleep mode frees the vLLM engine's memory during the update: only vLLM has it, and nothing may sample then."""

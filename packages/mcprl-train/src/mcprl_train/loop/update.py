@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,6 +18,7 @@ import structlog
 import torch
 
 from mcprl_policy import Layout, PackedForward, Policy, policy_forward
+from mcprl_policy.compiled import CompiledLayers
 from mcprl_train.config import OptimConfig
 from mcprl_train.errors import RatioHealthError
 from mcprl_train.loop.samples import Sample
@@ -114,7 +116,11 @@ class TorchBackend:
 
     Args:
         policy: The trained policy; the samplers read its live weights.
-        optim: Optimizer, clipping and forward layout settings.
+        optim: Optimizer, clipping, forward layout and compile settings.
+
+    Raises:
+        MissingExtraError: ``optim.compile`` where inductor cannot compile (no C++ compiler, no triton).
+        TypeError: ``optim.compile`` for a model without a ``layers`` list of decoder layers.
     """
 
     def __init__(self, policy: Policy, optim: OptimConfig) -> None:
@@ -124,11 +130,12 @@ class TorchBackend:
         self.optimizer = adamw(self.params, optim)
         self.max_grad_norm = optim.max_grad_norm
         self.layout: Layout = optim.layout
+        self._compiled = CompiledLayers(policy.model) if optim.compile else None
 
     def forward(
         self, sequences: Sequence[Sequence[int]], *, temperature: float, values: bool
     ) -> PackedForward:
-        with self.policy.autocast():
+        with self.policy.autocast(), self._compiled.active() if self._compiled else nullcontext():
             return policy_forward(
                 self.policy, sequences, temperature=temperature, values=values, layout=self.layout
             )
