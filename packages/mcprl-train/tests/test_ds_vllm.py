@@ -11,23 +11,36 @@ the sampler's, maxed over the ranks) shows whether every rank's engine sampled f
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-import mcprl_tasks
-from mcprl_train.run.run_dir import RunDir
+if TYPE_CHECKING:
+    from mcprl_train.run.run_dir import RunDir
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-
-pytest.importorskip("vllm", reason="vllm is not installed (scripts/test-vllm-cpu.sh runs these)")
-pytest.importorskip("deepspeed", reason="deepspeed is not installed (the deepspeed extra)")
+# The runs are subprocesses: nothing here imports vllm or deepspeed, and mcprl_tasks / mcprl_train are imported
+# only when a test runs. At collection they would put llvmlite into sys.modules, whose objects vLLM's kernel
+# dispatcher (0.32) fails on when it scans every module as it builds an engine: the in-process engines of the
+# mcprl-policy tests collected beside these would fail.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vllm is not installed (scripts/test-vllm-cpu.sh runs these)",
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("deepspeed") is None,
+        reason="deepspeed is not installed (the deepspeed extra)",
+    ),
+]
 
 # vLLM's CPU kernels and the learner's torch forward of the same fp32 weights: their logprobs agree to ~1e-6
 # (measured here: 9.5e-7). An engine left on the previous step's weights after one update at lr 1e-3 differs by
@@ -35,7 +48,15 @@ pytest.importorskip("deepspeed", reason="deepspeed is not installed (the deepspe
 _SAME_WEIGHTS = 1e-3
 
 
+def _run_dir(path: Path) -> RunDir:
+    from mcprl_train.run.run_dir import RunDir
+
+    return RunDir.open(path)
+
+
 def _task_file(directory: Path) -> Path:
+    import mcprl_tasks
+
     train, _ = mcprl_tasks.load_preset("demo")
     tasks = [t for t in mcprl_tasks.read_tasks(train) if t["metadata"]["family"] == "quote"][:4]
     path = directory / "tasks.json"
@@ -118,7 +139,7 @@ def trained(
 
 
 def _grpo(run: Path) -> list[dict[str, Any]]:
-    return [r for r in RunDir.open(run).read_metrics().records if r["kind"] == "grpo"]
+    return [r for r in _run_dir(run).read_metrics().records if r["kind"] == "grpo"]
 
 
 def test_both_ranks_train_from_their_own_vllm_engine(
@@ -126,7 +147,7 @@ def test_both_ranks_train_from_their_own_vllm_engine(
 ) -> None:
     stage, run, proc = trained
     assert proc.returncode == 0, proc.stderr[-8000:]
-    config = RunDir.open(run).load_config()
+    config = _run_dir(run).load_config()
     assert (config.distributed.zero_stage, config.sampler.backend) == (stage, "vllm")
     ranks = [json.loads((run / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]
@@ -155,7 +176,7 @@ def test_each_episode_is_collected_once_across_the_ranks(
 ) -> None:
     _, run, proc = trained
     assert proc.returncode == 0, proc.stderr[-8000:]
-    records = RunDir.open(run).read_trajectories().records
+    records = _run_dir(run).read_trajectories().records
     keys = [(r["step"], r["episode_id"]) for r in records]
     # 2 steps x 4 groups x 2 episodes, each once; every step holds every task's group.
     assert len(keys) == len(set(keys)) == 16
