@@ -31,28 +31,28 @@ LAUNCHER = {
 LOGPROB_TOLERANCE = 1e-4
 
 
-def test_outside_a_process_group_vllm_gets_no_executor_argument() -> None:
-    assert rank_engine_kwargs(torch.device("cuda", 0), in_process_group=False, env={}) == {}
+def test_a_process_no_launcher_started_gets_no_executor_argument() -> None:
+    rendezvous_only = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    assert rank_engine_kwargs(torch.device("cuda", 0), env=rendezvous_only) == {}
+    assert rank_engine_kwargs(torch.device("cpu"), env={}) == {}
 
 
 @pytest.mark.parametrize("device", [torch.device("cpu"), torch.device("cuda", 1)])
-def test_in_a_process_group_each_rank_runs_the_external_launcher_executor(device: torch.device) -> None:
-    assert rank_engine_kwargs(device, in_process_group=True, env=LAUNCHER) == {
-        "distributed_executor_backend": "external_launcher"
-    }
+def test_each_launched_rank_runs_the_external_launcher_executor(device: torch.device) -> None:
+    assert rank_engine_kwargs(device, env=LAUNCHER) == {"distributed_executor_backend": "external_launcher"}
 
 
 def test_a_policy_on_another_gpu_than_local_rank_is_refused_naming_both() -> None:
     with pytest.raises(SamplerError, match=r"policy is on cuda:0 .* run on cuda:1 \(LOCAL_RANK\)"):
-        rank_engine_kwargs(torch.device("cuda", 0), in_process_group=True, env=LAUNCHER)
+        rank_engine_kwargs(torch.device("cuda", 0), env=LAUNCHER)
     with pytest.raises(SamplerError, match=r"on cuda .* run on cuda:1"):
-        rank_engine_kwargs(torch.device("cuda"), in_process_group=True, env=LAUNCHER)
+        rank_engine_kwargs(torch.device("cuda"), env=LAUNCHER)
 
 
-def test_a_process_group_without_the_launchers_environment_is_refused_naming_what_is_unset() -> None:
+def test_a_launched_process_without_the_rendezvous_is_refused_naming_what_is_unset() -> None:
     env = {k: v for k, v in LAUNCHER.items() if k != "MASTER_PORT"}
     with pytest.raises(SamplerError, match=r"MASTER_PORT is unset: start the job with torchrun"):
-        rank_engine_kwargs(torch.device("cpu"), in_process_group=True, env=env)
+        rank_engine_kwargs(torch.device("cpu"), env=env)
 
 
 @pytest.mark.vllm

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shutil
 import os
 import subprocess
 import sys
@@ -183,3 +184,17 @@ def test_each_episode_is_collected_once_across_the_ranks(
     for step in (1, 2):
         tasks = sorted(r["task_id"] for r in records if r["step"] == step)
         assert (len(set(tasks)), len(tasks)) == (4, 8), tasks
+
+
+def test_a_resumed_run_samples_every_rank_from_the_restored_weights(
+    trained: tuple[int, Path, subprocess.CompletedProcess[str]],
+) -> None:
+    _, run, first = trained
+    assert first.returncode == 0, first.stderr[-8000:]
+    resumed = run.with_name(f"{run.name}-resumed")
+    shutil.copytree(run, resumed)
+    proc = _mcprl_train("--resume", str(resumed), "--set", "run.steps=3")
+    assert proc.returncode == 0, proc.stderr[-8000:]
+    grpo = _grpo(resumed)
+    assert [r["step"] for r in grpo] == [1, 2, 3]
+    assert grpo[-1]["mismatch/logprob_abs_diff_max"] < _SAME_WEIGHTS, grpo[-1]

@@ -25,7 +25,7 @@ On CPU, vLLM's in-process worker pins torch to 1 thread (unless ``OMP_NUM_THREAD
 All samplers of one policy built with the same engine settings share one engine (e.g. the rollout and the
 greedy evaluation sampler), so the weights are held and pushed once.
 
-In a process group (each rank of a torchrun / DeepSpeed job building its own engine, as TRL's ``vllm_mode=
+In a launched process (each rank of a torchrun / DeepSpeed job building its own engine, as TRL's ``vllm_mode=
 "colocate"`` does) the engine runs vLLM's ``external_launcher`` executor (`rank_engine_kwargs`): one in-process
 worker whose device is ``LOCAL_RANK``'s, inside the launcher's process group. vLLM lays the ranks out as
 independent "external data-parallel" replicas, so each engine generates on its own; building one (its groups,
@@ -141,36 +141,36 @@ def require_in_process_engine() -> None:
         )
 
 
-_LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCHED_BY = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT")
 
 
-def rank_engine_kwargs(
-    device: torch.device, *, in_process_group: bool, env: Mapping[str, str]
-) -> dict[str, Any]:
-    """The ``vllm.LLM`` arguments that put this rank's engine on this rank's device inside a process group.
+def rank_engine_kwargs(device: torch.device, *, env: Mapping[str, str]) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments that put a launched rank's engine on the rank's device, in the rank's group.
 
-    ``external_launcher`` makes vLLM's one worker take ``rank = RANK`` and ``local_rank = LOCAL_RANK`` from the
-    environment (``env://``, the launcher's variables) and run on ``cuda:<LOCAL_RANK>``. The policy must live
-    on that same device (the launcher's worker sets ``model.device=cuda:<LOCAL_RANK>``), or every weight push
-    would cross devices. Outside a process group nothing is added: vLLM's uniprocess executor on the default
-    device.
+    A process started by torchrun or the DeepSpeed launcher (``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` set)
+    gets ``external_launcher``: vLLM's one worker takes ``rank = RANK`` and ``local_rank = LOCAL_RANK`` from the
+    environment, joins the launcher's process group (``env://``: it uses the one already initialised, or
+    initialises it) and runs on ``cuda:<LOCAL_RANK>``. The policy must live on that same device (the launched
+    trainer sets ``model.device=cuda:<LOCAL_RANK>``), or every weight push would cross devices. Any other process
+    gets nothing: vLLM's uniprocess executor on the default device. (Whether ``torch.distributed`` is initialised
+    says nothing here: that executor initialises a group of one itself and leaves it behind.)
 
     Args:
         device: The policy's device.
-        in_process_group: Whether ``torch.distributed`` is initialised in this process.
         env: The process environment.
 
     Raises:
-        SamplerError: a process group without the launcher's variables, or a CUDA policy on another device than
-            ``LOCAL_RANK``'s.
+        SamplerError: a launched process without the launcher's rendezvous variables, or a CUDA policy on
+            another device than ``LOCAL_RANK``'s.
     """
-    if not in_process_group:
+    if not all(key in env for key in _LAUNCHED_BY):
         return {}
-    missing = [key for key in _LAUNCHER_ENV if key not in env]
+    missing = [key for key in _RENDEZVOUS if key not in env]
     if missing:
         raise SamplerError(
-            f"a vLLM engine inside a process group takes its rank and device from the launcher's environment, "
-            f"and {', '.join(missing)} is unset: start the job with torchrun or the DeepSpeed launcher"
+            f"a vLLM engine in a launched process (RANK, LOCAL_RANK, WORLD_SIZE set) joins the launcher's process "
+            f"group, and {', '.join(missing)} is unset: start the job with torchrun or the DeepSpeed launcher"
         )
     local_rank = int(env["LOCAL_RANK"])
     if device.type == "cuda" and (device.index if device.index is not None else 0) != local_rank:
@@ -334,8 +334,7 @@ def shared_engine(
     }
     if policy.lora is not None:
         kwargs.update(enable_lora=True, max_lora_rank=max(8, policy.lora.r), max_loras=1)
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    kwargs.update(rank_engine_kwargs(policy.device, in_process_group=distributed, env=os.environ))
+    kwargs.update(rank_engine_kwargs(policy.device, env=os.environ))
     kwargs.update(engine_kwargs or {})
     key = repr(sorted(kwargs.items()))
     engines = _ENGINES.setdefault(policy, {})
