@@ -334,6 +334,11 @@ def shared_engine(
     }
     if policy.lora is not None:
         kwargs.update(enable_lora=True, max_lora_rank=max(8, policy.lora.r), max_loras=1)
+    else:
+        # The sampler pushes the policy's weights before any request (`Engine.sync`), so the engine need not read
+        # them from disk; a policy directory saved by mcprl (a checkpoint's policy/) also holds
+        # value_head.safetensors, which vLLM's loader would read as the model's own weights and refuse.
+        kwargs["load_format"] = "dummy"
     kwargs.update(rank_engine_kwargs(policy.device, env=os.environ))
     kwargs.update(engine_kwargs or {})
     key = repr(sorted(kwargs.items()))
