@@ -14,8 +14,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
