@@ -61,10 +61,18 @@ class Rollouts:
         rank_seed = config.run.seed + 7_919 * self.rank
         self.sampler: PolicySampler = build.build_sampler(config, policy, seed=rank_seed)
         # vLLM: the sampler's seed is its engine's, and the evaluation sampler shares the rollout's engine only
-        # with the same seed. Building an engine in a process group is collective, so every rank must build
-        # the same number: one each.
+        # with the same seed. Building an engine in a process group is collective (vLLM all-reduces the free
+        # memory), so every rank must build the same number: one each.
         eval_seed = rank_seed if config.sampler.backend == "vllm" else config.run.seed
         self.eval_sampler = build.build_sampler(config, policy, greedy=config.eval.greedy, seed=eval_seed)
+        if config.sampler.backend == "vllm":
+            from mcprl_policy.vllm_sampler import VLLMSampler
+
+            assert isinstance(self.sampler, VLLMSampler)
+            assert isinstance(self.eval_sampler, VLLMSampler)
+            assert self.eval_sampler.llm is self.sampler.llm, (
+                "a second engine on this rank: the ranks would hang"
+            )
 
     @property
     def sampling_policy(self) -> Policy:
