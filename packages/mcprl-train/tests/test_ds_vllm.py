@@ -157,6 +157,7 @@ def test_both_ranks_train_from_their_own_vllm_engine(
     assert [r["step"] for r in grpo] == [1, 2]
     for record in grpo:
         assert record["adv/groups"] == 4.0
+        assert record["sampler/engine_steps"] > 0  # the vLLM sampler's counter (rank 0's)
         for key in ("loss/policy", "optim/grad_norm", "mismatch/logprob_abs_diff_max"):
             assert math.isfinite(record[key]), key
 
