@@ -138,14 +138,17 @@ short=(--set "model.name=$standin" --set run.seed=0 --set "run.steps=$steps"
   --set eval.every=0 --set eval.n_tasks=2 --set env.max_new_tokens_per_turn=64 --set env.max_total_tokens=4096
   --set tracking.wandb=disabled --set tracking.progress=false)
 
+runs=0
 profile() {  # NAME LABEL [--set ...]: one line "profile LABEL: ok step_s=..." or "FAILED"
   local name=$1 label=$2; shift 2
   local dir=$work/runs t0=$SECONDS
-  "$vpy" -m mcprl_train train --profile "$name" "${short[@]}" --set "run.output_dir=$dir" --run-name "$name" "$@" \
+  runs=$((runs + 1))
+  local run=$name-$runs  # a profile may run twice (other settings): each run its own directory
+  "$vpy" -m mcprl_train train --profile "$name" "${short[@]}" --set "run.output_dir=$dir" --run-name "$run" "$@" \
     >>"$log" 2>&1
   local status=$?
   local steps_line
-  steps_line=$("$vpy" - "$dir/$name/metrics.jsonl" <<'EOF'
+  steps_line=$("$vpy" - "$dir/$run/metrics.jsonl" <<'EOF'
 import json, sys
 try:
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -178,6 +181,10 @@ fi
 if vllm_error=$("$vpy" -c 'import vllm' 2>&1); then
   profile vllm-gpu vllm-gpu
   profile vllm-gpu 'vllm-gpu[sampler.vllm_sleep=true]' --set sampler.vllm_sleep=true
+  if "$vpy" -c 'import deepspeed' >>"$log" 2>&1; then
+    profile a100x2 'a100x2[num_gpus=1, ZeRO-3, sampler.backend=vllm, vllm_sleep]' --set distributed.num_gpus=1 \
+      --set sampler.backend=vllm --set sampler.vllm_sleep=true --set sampler.gpu_memory_utilization=0.3
+  fi
 else
   say "profile vllm-gpu: skipped (vllm does not import: ${vllm_error##*$'\n'})"
 fi

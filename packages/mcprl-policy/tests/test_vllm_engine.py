@@ -114,3 +114,23 @@ def test_sleep_frees_device_memory_and_the_wake_up_serves_the_updated_lora(tiny_
     got = anyio.run(_sample_all, sampler, prompts)
     assert sampler._engine.sleeping is False
     assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_a_policy_saved_with_its_value_head_serves_from_vllm(tiny_dir: Path, tmp_path: Path) -> None:
+    """A checkpoint's ``policy/`` holds ``value_head.safetensors`` beside the model's weights (vLLM would read it
+    as the model's and refuse its tensors): the engine starts from the pushed weights instead."""
+    from mcprl_policy.vllm_sampler import VLLMSampler
+
+    saved = Policy.from_pretrained(str(tiny_dir), value_head=True)
+    _perturb(saved, lora_only=False, seed=7)
+    directory = saved.save_pretrained(tmp_path / "policy")
+    assert (directory / "value_head.safetensors").is_file()
+    policy = Policy.from_pretrained(str(directory), value_head=True)
+    sampler = VLLMSampler(policy, SamplingParams(temperature=0.0), engine_kwargs=ENGINE, share_engine=False)
+    prompts = _prompts(policy)[:2]
+    _assert_same(
+        "full/saved_with_value_head", _hf_greedy(policy, prompts), anyio.run(_sample_all, sampler, prompts)
+    )
+    sampler.close()

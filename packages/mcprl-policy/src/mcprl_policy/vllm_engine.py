@@ -23,7 +23,14 @@ On CPU, vLLM's in-process worker pins torch to 1 thread (unless ``OMP_NUM_THREAD
 ``torch.set_num_threads`` for the whole process, the learner included.
 
 All samplers of one policy built with the same engine settings share one engine (e.g. the rollout and the
-greedy evaluation sampler), so the weights are held and pushed once. This module, `mcprl_policy.vllm_stream`
+greedy evaluation sampler), so the weights are held and pushed once.
+
+In a launched process (each rank of a torchrun / DeepSpeed job building its own engine, as TRL's ``vllm_mode=
+"colocate"`` does) the engine runs vLLM's ``external_launcher`` executor (`rank_engine_kwargs`): one in-process
+worker whose device is ``LOCAL_RANK``'s, inside the launcher's process group. vLLM lays the ranks out as
+independent "external data-parallel" replicas, so each engine generates on its own; building one (its groups,
+its memory all-reduce) is collective: every rank builds the same engines in the same order. `close_engines` shuts
+them down at the end (which destroys the process group too). This module, `mcprl_policy.vllm_stream`
 and the sampler are the only ones importing vllm.
 """
 
@@ -35,12 +42,13 @@ import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import structlog
+import torch
 
 from mcprl_policy.errors import MissingExtraError, SamplerError
 from mcprl_policy.fingerprint import Fingerprint, weights_fingerprint
@@ -53,7 +61,9 @@ __all__ = [
     "Engine",
     "check_head_size",
     "check_sleep_mode",
+    "close_engines",
     "cpu_head_sizes",
+    "rank_engine_kwargs",
     "require_in_process_engine",
     "require_vllm",
     "shared_engine",
@@ -129,6 +139,46 @@ def require_in_process_engine() -> None:
             "a fully fine-tuned policy's weights are reloaded into the engine in place, which needs the engine "
             f"in this process: VLLM_ENABLE_V1_MULTIPROCESSING={value} must be 0 (or unset), or train LoRA"
         )
+
+
+_LAUNCHED_BY = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT")
+
+
+def rank_engine_kwargs(device: torch.device, *, env: Mapping[str, str]) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments that put a launched rank's engine on the rank's device, in the rank's group.
+
+    A process started by torchrun or the DeepSpeed launcher (``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` set)
+    gets ``external_launcher``: vLLM's one worker takes ``rank = RANK`` and ``local_rank = LOCAL_RANK`` from the
+    environment, joins the launcher's process group (``env://``: it uses the one already initialised, or
+    initialises it) and runs on ``cuda:<LOCAL_RANK>``. The policy must live on that same device (the launched
+    trainer sets ``model.device=cuda:<LOCAL_RANK>``), or every weight push would cross devices. Any other process
+    gets nothing: vLLM's uniprocess executor on the default device. (Whether ``torch.distributed`` is initialised
+    says nothing here: that executor initialises a group of one itself and leaves it behind.)
+
+    Args:
+        device: The policy's device.
+        env: The process environment.
+
+    Raises:
+        SamplerError: a launched process without the launcher's rendezvous variables, or a CUDA policy on
+            another device than ``LOCAL_RANK``'s.
+    """
+    if not all(key in env for key in _LAUNCHED_BY):
+        return {}
+    missing = [key for key in _RENDEZVOUS if key not in env]
+    if missing:
+        raise SamplerError(
+            f"a vLLM engine in a launched process (RANK, LOCAL_RANK, WORLD_SIZE set) joins the launcher's process "
+            f"group, and {', '.join(missing)} is unset: start the job with torchrun or the DeepSpeed launcher"
+        )
+    local_rank = int(env["LOCAL_RANK"])
+    if device.type == "cuda" and (device.index if device.index is not None else 0) != local_rank:
+        raise SamplerError(
+            f"the policy is on {device} and this rank's vLLM engine would run on cuda:{local_rank} "
+            "(LOCAL_RANK): put the policy on its rank's device (model.device=cuda:<LOCAL_RANK>)"
+        )
+    return {"distributed_executor_backend": "external_launcher"}
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -243,6 +293,8 @@ class Engine:
 
 # Engines by policy, then by their `vllm.LLM` settings; an engine goes away with its policy.
 _ENGINES: weakref.WeakKeyDictionary[Policy, dict[str, Engine]] = weakref.WeakKeyDictionary()
+# Every engine built here, shared or not (for `close_engines`).
+_BUILT: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 def shared_engine(
@@ -282,6 +334,12 @@ def shared_engine(
     }
     if policy.lora is not None:
         kwargs.update(enable_lora=True, max_lora_rank=max(8, policy.lora.r), max_loras=1)
+    else:
+        # The sampler pushes the policy's weights before any request (`Engine.sync`), so the engine need not read
+        # them from disk; a policy directory saved by mcprl (a checkpoint's policy/) also holds
+        # value_head.safetensors, which vLLM's loader would read as the model's own weights and refuse.
+        kwargs["load_format"] = "dummy"
+    kwargs.update(rank_engine_kwargs(policy.device, env=os.environ))
     kwargs.update(engine_kwargs or {})
     key = repr(sorted(kwargs.items()))
     engines = _ENGINES.setdefault(policy, {})
@@ -293,6 +351,21 @@ def shared_engine(
             adapter_root=Path(tempfile.mkdtemp(prefix="mcprl-vllm-lora-")),
             sleep_mode=bool(kwargs["enable_sleep_mode"]),
         )
+        _BUILT.add(engine)
         if share:
             engines[key] = engine
     return engine
+
+
+def close_engines() -> int:
+    """Shut down every engine this process built that is still open; returns how many were.
+
+    In a process group call it last, after the ranks' final collective: an engine's shutdown destroys the
+    distributed environment it joined (``vllm.distributed.destroy_distributed_environment``), vLLM's subgroups
+    and the launcher's default process group with them. (Shutting it down after ``destroy_process_group`` fails
+    instead: its subgroups are gone.)
+    """
+    engines = [e for e in list(_BUILT) if not e.closed]
+    for engine in engines:
+        engine.close()
+    return len(engines)

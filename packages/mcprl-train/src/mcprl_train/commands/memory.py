@@ -352,11 +352,14 @@ def _sampler_rows(config: Config, shape: ModelShape, w: int, device_memory: int 
             u = sampler.gpu_memory_utilization
             if device_memory is None:
                 return []
+            n, _ = _zero(config)
+            # Under DeepSpeed every rank builds its own engine on its own device (`mcprl_policy.vllm_engine`).
+            where = f" on each of the {n} ranks' devices" if n > 1 else ""
             return [
                 MemoryRow(
                     name="vLLM share (reserved)",
                     nbytes=int(device_memory * u),
-                    formula=f"{u:g} × device {device_memory / GIB:,.1f} GiB"
+                    formula=f"{u:g} × device {device_memory / GIB:,.1f} GiB{where}"
                     + (" (asleep during the update: sampler.vllm_sleep)" if sampler.vllm_sleep else ""),
                     phase="sampling" if sampler.vllm_sleep else "resident",
                 )

@@ -117,10 +117,21 @@ class Config:
         self._check_deepspeed_precision()
         self._check_overlap()
         self._check_vllm_sleep()
+        self._check_vllm_replica()
         if self.optim.compile and self.distributed.backend != "none":
             raise ConfigError(
                 f"optim.compile: true with distributed.backend={self.distributed.backend}: compiled layers are "
                 "wired into the one-process update only; set optim.compile=false"
+            )
+
+    def _check_vllm_replica(self) -> None:
+        """Under DeepSpeed each rank's vLLM engine is its sampling copy: a replica beside it would be a third."""
+        ds = self.distributed
+        if ds.backend == "deepspeed" and self.sampler.backend == "vllm" and ds.sampling == "replica":
+            raise ConfigError(
+                "distributed.sampling=replica with sampler.backend=vllm: each rank's vLLM engine already holds "
+                "its own copy of the weights, loaded from the engine's (gathered) weights after every update; "
+                "set distributed.sampling=engine"
             )
 
     def _check_vllm_sleep(self) -> None:

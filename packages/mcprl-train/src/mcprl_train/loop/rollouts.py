@@ -58,12 +58,21 @@ class Rollouts:
         if config.collection.overlap:
             self.snapshot = SamplingSnapshot(backend.sampling_policy)
         policy = self.sampling_policy
-        self.sampler: PolicySampler = build.build_sampler(
-            config, policy, seed=config.run.seed + 7_919 * self.rank
-        )
-        self.eval_sampler = build.build_sampler(
-            config, policy, greedy=config.eval.greedy, seed=config.run.seed
-        )
+        rank_seed = config.run.seed + 7_919 * self.rank
+        self.sampler: PolicySampler = build.build_sampler(config, policy, seed=rank_seed)
+        # vLLM: the sampler's seed is its engine's, and the evaluation sampler shares the rollout's engine only
+        # with the same seed. Building an engine in a process group is collective (vLLM all-reduces the free
+        # memory), so every rank must build the same number: one each.
+        eval_seed = rank_seed if config.sampler.backend == "vllm" else config.run.seed
+        self.eval_sampler = build.build_sampler(config, policy, greedy=config.eval.greedy, seed=eval_seed)
+        if config.sampler.backend == "vllm":
+            from mcprl_policy.vllm_sampler import VLLMSampler
+
+            assert isinstance(self.sampler, VLLMSampler)
+            assert isinstance(self.eval_sampler, VLLMSampler)
+            assert self.eval_sampler.llm is self.sampler.llm, (
+                "a second engine on this rank: the ranks would hang"
+            )
 
     @property
     def sampling_policy(self) -> Policy:
@@ -77,10 +86,21 @@ class Rollouts:
             self.sampler = build.build_sampler(self.config, self.sampling_policy, seed=seed)
 
     def sync(self) -> None:
-        """Publish the trained weights to the sampling policy (and its snapshot) and the samplers."""
+        """Publish the trained weights to the sampling policy (and its snapshot) and the samplers.
+
+        The vLLM engine is pushed the weights unconditionally (``force``): ZeRO-3 updates a parameter's
+        partition and gathers it into a new buffer behind ``param.data``, which leaves the autograd version
+        counters that the engine's staleness check reads unchanged. Every call follows new weights (an update,
+        a restore, a warm start), so nothing is pushed twice.
+        """
         self.backend.publish()
         if self.snapshot is not None:
             self.snapshot.refresh()
+        if self.config.sampler.backend == "vllm":
+            from mcprl_policy.vllm_sampler import VLLMSampler
+
+            assert isinstance(self.sampler, VLLMSampler), "sampler.backend=vllm builds a VLLMSampler"
+            self.sampler.sync_weights(force=True)
         self.sampler.sync_weights()
         self.eval_sampler.sync_weights()
 

@@ -146,11 +146,6 @@ def deepspeed_backend(config: Config, *, source: str | None = None) -> DeepSpeed
             "distributed.backend=deepspeed trains the full model; lora is not wired under "
             "DeepSpeed (use one process: --set distributed.backend=none --set distributed.zero_stage=0)"
         )
-    if config.sampler.backend != "hf":
-        raise DistributedError(
-            f"sampler.backend={config.sampler.backend}: under DeepSpeed each rank samples from the engine's "
-            "weights (or its replica) with the HF sampler (sampler.backend=hf)"
-        )
     if config.grpo.tasks_per_step < world:
         raise DistributedError(
             f"grpo.tasks_per_step={config.grpo.tasks_per_step} is below the {world} ranks: every rank "

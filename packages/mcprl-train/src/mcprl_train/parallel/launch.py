@@ -131,6 +131,7 @@ def train_rank(resolve_run: Callable[[], tuple[Config, RunDir, bool]], train: Ra
 
     import torch.distributed
 
+    from mcprl_policy.vllm_engine import close_engines
     from mcprl_train import collectives
     from mcprl_train.parallel.deepspeed import init_distributed
     from mcprl_train.parallel.ds_backend import deepspeed_backend
@@ -159,6 +160,9 @@ def train_rank(resolve_run: Callable[[], tuple[Config, RunDir, bool]], train: Ra
             lambda source: deepspeed_backend(config, source=source),
         )
     finally:
+        # vLLM engines (sampler.backend=vllm) joined the process group: their shutdown destroys it, and fails
+        # after it is destroyed.
+        close_engines()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     if rank == 0:
