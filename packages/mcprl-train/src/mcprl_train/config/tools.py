@@ -9,8 +9,8 @@ import attrs
 from attrs import validators as v
 
 from mcprl_servers.config import SERVER_NAMES
-from mcprl_train.config.layers import is_dict
-from mcprl_train.config.structure import Invalid, Nested, UnknownKey, structure_at
+from mcprl_train.config.layers import is_dict, unknown_key_message
+from mcprl_train.config.structure import structure
 from mcprl_train.errors import ConfigError
 
 __all__ = [
@@ -143,29 +143,31 @@ class ToolsConfig:
             )
 
     @classmethod
-    def from_data(cls, data: object) -> ToolsConfig:
+    def from_data(cls, data: object, path: str) -> ToolsConfig:
         """Read the tree's shape (``servers`` / ``mcp_servers`` / ``offline``, ``allow_tools``).
 
         Raises:
-            Invalid, UnknownKey, Nested: an unknown key, a wrong value, or more than one source.
+            ConfigError: an unknown key, a wrong value, or more than one source.
         """
         if not is_dict(data):
-            raise Invalid(f"expected a mapping of keys, got {data!r}")
+            raise ConfigError(f"{path}: expected a mapping of keys, got {data!r}")
         keys = [*SOURCE_KEYS, "allow_tools", "record", "replay"]
         for key in data:
             if key not in keys:
-                raise UnknownKey(key, keys)
+                raise ConfigError(unknown_key_message(f"{path}.{key}", [f"{path}.{k}" for k in keys]))
         given = [k for k in SOURCE_KEYS if data.get(k) is not None]
         if len(given) > 1:
-            error = Invalid(f"expected one tools source, got {given} (set the others to null)")
-            raise Nested(".servers/mcp_servers/offline", error)
+            raise ConfigError(
+                f"{path}.servers/mcp_servers/offline: expected one tools source, got {given} "
+                "(set the others to null)"
+            )
         source: ToolSource = OfflineServers()
         if given:
             kind, field, hint = SOURCE_KEYS[given[0]]
-            value: Any = structure_at(data[given[0]], hint, f".{given[0]}")  # typed by the table's hint
+            value: Any = structure(data[given[0]], hint, f"{path}.{given[0]}")  # typed by the table's hint
             source = kind(**{field: value})
-        allow = structure_at(data.get("allow_tools") or {}, dict[str, tuple[str, ...]], ".allow_tools")
-        record, replay = (_optional_path(data.get(key), key) for key in ("record", "replay"))
+        allow = structure(data.get("allow_tools") or {}, dict[str, tuple[str, ...]], f"{path}.allow_tools")
+        record, replay = (_optional_path(data.get(key), f"{path}.{key}") for key in ("record", "replay"))
         return cls(source=source, allow_tools=allow, record=record, replay=replay)
 
     def to_data(self, *, redact: bool = False) -> dict[str, Any]:
@@ -181,7 +183,7 @@ class ToolsConfig:
         return {**data, "allow_tools": allow, "record": self.record, "replay": self.replay}
 
 
-def _optional_path(value: object, key: str) -> str | None:
+def _optional_path(value: object, path: str) -> str | None:
     if value is None or (isinstance(value, str) and value):
         return value
-    raise Nested(f".{key}", Invalid(f"got {value!r}; expected a file path or null"))
+    raise ConfigError(f"{path}: got {value!r}; expected a file path or null")

@@ -56,7 +56,7 @@ from mcprl_train.config.sections import (
     TasksConfig,
     TrackingConfig,
 )
-from mcprl_train.config.structure import structure
+from mcprl_train.config.structure import structure_class
 from mcprl_train.config.tools import SOURCE_KEYS, ToolsConfig
 from mcprl_train.errors import ConfigError
 
@@ -237,7 +237,7 @@ class Config:
         """
         if not is_mapping(data):
             raise ConfigError(f"config: expected a mapping at the top level, got {type(data).__name__}")
-        return structure(_fill_turns(data), cls, "")
+        return structure_class(_fill_turns(data), cls, "")
 
     def to_dict(self, *, redact: bool = False) -> dict[str, Any]:
         """The resolved tree as plain YAML/JSON-able data (tuples become lists).
