@@ -164,7 +164,7 @@ class RunDir:
         return run_dir
 
     @classmethod
-    def open(cls, path: str | Path, *, keep_checkpoints: int | None = None) -> RunDir:
+    def open(cls, path: str | Path) -> RunDir:
         """An existing run directory (for resume, evaluation or plots).
 
         Raises:
@@ -174,10 +174,9 @@ class RunDir:
         if not (root / CONFIG_FILE).is_file():
             raise RunDirError(f"{str(root)!r} is not a run directory (no {CONFIG_FILE})")
         run_dir = cls(root)
-        keep = (
-            keep_checkpoints if keep_checkpoints is not None else run_dir.load_config().run.keep_checkpoints
+        run_dir.checkpoints = CheckpointManager(
+            root / "checkpoints", keep=run_dir.load_config().run.keep_checkpoints
         )
-        run_dir.checkpoints = CheckpointManager(root / "checkpoints", keep=keep)
         return run_dir
 
     # -- files ----------------------------------------------------------------------------------------------
