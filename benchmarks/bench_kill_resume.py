@@ -4,8 +4,8 @@ uninterrupted one?
 One uninterrupted run of the short demo run (`test_kill_resume.short_run`: the tiny model warm-started to call
 the demo's finance, calculator and messaging stdio servers, GRPO steps with a checkpoint each, the warm-start
 and final evaluations); its ``phases.jsonl`` is the timeline over which ``--kills`` points are drawn for each
-of ``--runs`` runs (`mcprl_train.run.kill_resume.draw_schedule`, seeded by ``--seed``: an equal share per kind
-of phase). Each killed run is compared with the uninterrupted one (`mcprl_train.run.compare.run_differences`).
+of ``--runs`` runs (`kill_resume.draw_schedule` in packages/mcprl-train/tests, seeded by ``--seed``: an equal share per kind
+of phase). Each killed run is compared with the uninterrupted one (`run_compare.run_differences`, beside it).
 Prints the kills by phase (aimed at, landed in) and, with ``--write``, rewrites its section of
 benchmarks/RESULTS.md after every run.
 
@@ -19,6 +19,7 @@ import collections
 import importlib.util
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,8 +28,12 @@ from types import ModuleType
 import attrs
 from results_md import replace_section
 
-from mcprl_train.run.compare import max_logprob_gap, run_differences
-from mcprl_train.run.kill_resume import (
+_TESTS = Path(__file__).resolve().parents[1] / "packages/mcprl-train/tests"
+sys.path.insert(
+    0, str(_TESTS)
+)  # the harness and the test kit are top-level modules beside mcprl-train's tests
+
+from kill_resume import (  # noqa: E402
     Kill,
     Segment,
     draw_schedule,
@@ -36,9 +41,9 @@ from mcprl_train.run.kill_resume import (
     reference_timeline,
     train_command,
 )
+from run_compare import max_logprob_gap, run_differences  # noqa: E402
 
 SECTION = "## random SIGKILL and resume: 20+ kills (issue 18, 2026-11-25)"
-_TESTS = Path(__file__).resolve().parents[1] / "packages/mcprl-train/tests"
 
 
 @attrs.frozen(kw_only=True)
@@ -54,9 +59,6 @@ class Row:
 
 def _test_module() -> ModuleType:
     """The test's run definition, so the benchmark and the test kill the same run."""
-    import sys
-
-    sys.path.insert(0, str(_TESTS))  # the test imports its kit (train_testkit) as a top-level module
     spec = importlib.util.spec_from_file_location("test_kill_resume", _TESTS / "test_kill_resume.py")
     assert spec is not None
     assert spec.loader is not None

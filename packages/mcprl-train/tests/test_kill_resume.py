@@ -2,7 +2,7 @@
 
 The run: the tiny model warm-started on demonstrations of the demo's four task families (so that GRPO's
 episodes call the finance, calculator and messaging stdio servers), GRPO steps with a checkpoint after each,
-and the warm-start and final evaluations. `mcprl_train.run.kill_resume` draws the kill points over the
+and the warm-start and final evaluations. `kill_resume` (beside this file) draws the kill points over the
 uninterrupted run's phases; ``benchmarks/bench_kill_resume.py`` runs many more of them.
 """
 
@@ -13,10 +13,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from kill_resume import draw_schedule, kill_and_resume, reference_timeline, train_command
+from run_compare import run_differences
 from train_testkit import CHECKPOINT_EVERY_STEP, demo_tasks, tiny_demo_run
-
-from mcprl_train.run.compare import run_differences
-from mcprl_train.run.kill_resume import draw_schedule, kill_and_resume, reference_timeline, train_command
 
 pytestmark = pytest.mark.slow
 

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from kill_resume import describe_phase, draw_schedule, landed, read_phases, reference_timeline
+from run_compare import max_logprob_gap, run_differences
 
 from mcprl_train.config import Config
-from mcprl_train.run.compare import max_logprob_gap, run_differences
-from mcprl_train.run.kill_resume import draw_schedule, landed, reference_timeline
-from mcprl_train.run.phases import PHASES_FILE, Phase, PhaseLog, describe_phase, read_phases
+from mcprl_train.run.phases import PHASES_FILE, Phase, PhaseLog
 from mcprl_train.run.run_dir import RunDir
 
 

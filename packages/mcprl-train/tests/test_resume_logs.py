@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import cast
 
 import pytest
+from run_compare import run_differences
 
 from mcprl_env import Environment, Task, task_from_dict
 from mcprl_env.testing import CharTokenizer, ScriptedSampler
@@ -16,7 +17,6 @@ from mcprl_train.config import Config
 from mcprl_train.loop.collection import tool_step_metrics
 from mcprl_train.loop.rollouts import Rollouts
 from mcprl_train.loop.trainer import Trainer
-from mcprl_train.run.compare import run_differences
 from mcprl_train.run.run_dir import RunDir
 from mcprl_train.run.sinks import MetricKind, Record, SinkGroup
 

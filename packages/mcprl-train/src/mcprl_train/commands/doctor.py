@@ -85,39 +85,32 @@ def _version(module: str) -> str | None:
 
 
 def _installation(config: Config) -> Iterator[CheckResult]:
-    for module in _PACKAGES:
-        version = _version(module)
-        yield CheckResult(
-            category="installation",
-            name=module,
-            ok=version is not None,
-            detail=version or "not importable",
-            fix="" if version else f"uv sync (or pip install {module.replace('_', '-')})",
-        )
-    needed: list[tuple[str, str, str]] = []
+    wanted = [(m, m, "not importable", f"uv sync (or pip install {m.replace('_', '-')})") for m in _PACKAGES]
+    extras: list[tuple[str, str, str]] = []
     if config.distributed.backend == "deepspeed":
-        needed.append(("deepspeed", "distributed.backend=deepspeed", "pip install 'mcprl-train[deepspeed]'"))
+        extras.append(("deepspeed", "distributed.backend=deepspeed", "pip install 'mcprl-train[deepspeed]'"))
     if config.quantization is not None:
-        needed.append(
+        extras.append(
             ("bitsandbytes", f"quantization={config.quantization}", "pip install 'mcprl-train[qlora]'")
         )
     if config.lora is not None:
-        needed.append(("peft", "lora", "pip install peft"))
+        extras.append(("peft", "lora", "pip install peft"))
     if config.sampler.backend == "vllm":
-        needed.append(("vllm", "sampler.backend=vllm", "pip install 'mcprl-train[vllm]' (needs a CUDA GPU)"))
+        extras.append(("vllm", "sampler.backend=vllm", "pip install 'mcprl-train[vllm]' (needs a CUDA GPU)"))
     if config.tracking.wandb in ("online", "offline"):
-        needed.append(
+        extras.append(
             ("wandb", f"tracking.wandb={config.tracking.wandb}", "pip install 'mcprl-train[tracking]'")
         )
     if config.tracking.weave:
-        needed.append(("weave", "tracking.weave", "pip install 'mcprl-train[tracking]'"))
-    for module, reason, fix in needed:
+        extras.append(("weave", "tracking.weave", "pip install 'mcprl-train[tracking]'"))
+    wanted += [(f"{m} (for {reason})", m, "not installed", fix) for m, reason, fix in extras]
+    for name, module, missing, fix in wanted:
         version = _version(module)
         yield CheckResult(
             category="installation",
-            name=f"{module} (for {reason})",
+            name=name,
             ok=version is not None,
-            detail=version or "not installed",
+            detail=version or missing,
             fix="" if version else fix,
         )
 

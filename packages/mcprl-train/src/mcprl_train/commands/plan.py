@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
+from mcprl_train import build
 from mcprl_train.commands.architectures import KNOWN_ARCHITECTURES
 from mcprl_train.commands.memory import GIB, MemoryPlan, MemoryRow, estimate_memory
 from mcprl_train.commands.shape import ModelShape
@@ -115,21 +116,10 @@ def plan_memory(config: Config, shape: ModelShape, *, device_memory: int | None 
         shape: The model's shape (`load_model_shape`).
         device_memory: Bytes per device; default ``distributed.device_memory_gb`` or the local device.
     """
-    device = _device_kind(config.model.device)
+    device = build.resolve_device(config.model.device).partition(":")[0]
     n = config.distributed.num_gpus if config.distributed.backend == "deepspeed" else 1
     memory = device_memory if device_memory is not None else _device_memory(config, device, n)
     return estimate_memory(config, shape, device=device, device_memory=memory)
-
-
-def _device_kind(device: str) -> str:
-    base = device.partition(":")[0]
-    if base != "auto":
-        return base
-    import torch
-
-    if torch.cuda.is_available():
-        return "cuda"
-    return "mps" if torch.backends.mps.is_available() else "cpu"
 
 
 def _device_memory(config: Config, device: str, n: int) -> int | None:

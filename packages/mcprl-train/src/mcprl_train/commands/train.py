@@ -69,9 +69,7 @@ def _locate_run(load: Callable[[], Config], resume: str, run_name: str | None) -
     if resume != "latest":
         return Path(resume)
     output_dir = Path(load().run.output_dir)
-    runs = sorted(
-        (p for p in output_dir.glob("*/config.yaml")), key=lambda p: p.stat().st_mtime, reverse=True
-    )
+    runs = sorted(output_dir.glob("*/config.yaml"), key=lambda p: p.stat().st_mtime, reverse=True)
     if run_name is not None:
         runs = [p for p in runs if p.parent.name == run_name]
     if not runs:

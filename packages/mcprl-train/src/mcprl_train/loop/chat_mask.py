@@ -64,7 +64,7 @@ def prefix_diff_targets(
         pieces.append((_context(prompt, previous, render, markers, k), None))
         whole = render(k + 1, False)
         turn = _turn(prompt, whole, render(k, False), previous, k)
-        cut = _end_of_turn(turn, markers)
+        cut = _end_after(turn, markers, 0)
         if cut is None:
             raise DemonstrationError(
                 f"message {k} (assistant): the template renders it without an end-of-turn token "
@@ -143,10 +143,6 @@ def _encode(
         ids.extend(piece)
         mask.extend([weight or 0] * len(piece))
     return ids, mask
-
-
-def _end_of_turn(turn: str, markers: Sequence[str]) -> int | None:
-    return _end_after(turn, markers, 0)
 
 
 def _end_after(text: str, markers: Sequence[str], start: int) -> int | None:

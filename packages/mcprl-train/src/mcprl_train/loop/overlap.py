@@ -39,24 +39,19 @@ class CollectedStep:
     """One GRPO step's collection, ready to learn from.
 
     Attributes:
-        step: The GRPO step it is for.
         task_ids: Every task it took, back-fill rounds included, in order.
-        mine: This rank's groups (what the update learns on).
         collected: Every rank's groups (checks, back-fill decision, metrics).
         samples: The update's samples, from this rank's groups.
         position: The task stream's position after this step's tasks.
-        sampled_after: The GRPO step whose update the sampling weights came from (0: before any).
         metrics: Rollout, tool, sampler, advantage, retry and back-fill metrics of the collection, with
-            ``rollout/policy_lag`` = ``step - 1 - sampled_after`` and ``perf/collect_s``.
+            ``rollout/policy_lag`` (the step minus 1 minus the GRPO step whose update the sampling weights
+            came from) and ``perf/collect_s``.
     """
 
-    step: int
     task_ids: list[str]
-    mine: Collection
     collected: Collection
     samples: list[Sample]
     position: StreamPosition
-    sampled_after: int
     metrics: dict[str, float]
 
 
@@ -113,14 +108,7 @@ async def collect_step(
     metrics["rollout/policy_lag"] = float(step - 1 - sampled_after)
     metrics["perf/collect_s"] = time.perf_counter() - t0
     return CollectedStep(
-        step=step,
-        task_ids=task_ids,
-        mine=mine,
-        collected=collected,
-        samples=samples,
-        position=stream.position,
-        sampled_after=sampled_after,
-        metrics=metrics,
+        task_ids=task_ids, collected=collected, samples=samples, position=stream.position, metrics=metrics
     )
 
 

@@ -33,7 +33,6 @@ class SamplingSnapshot:
         self.policy = copy.copy(source)  # tokenizer, settings: the source's own
         self.policy.model = copy.deepcopy(source.model, memo=shared)
         self.policy.value_head = None  # the samplers read no values
-        self.refreshes = 0
 
     def refresh(self) -> None:
         """Copy the source's current trainable parameters and buffers into the snapshot (in place).
@@ -49,4 +48,3 @@ class SamplingSnapshot:
             theirs = dict(self.source.model.named_buffers())
             for name, b in self.policy.model.named_buffers():
                 b.copy_(theirs[name])
-        self.refreshes += 1

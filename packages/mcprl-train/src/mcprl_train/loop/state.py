@@ -33,13 +33,7 @@ class TrainState:
     elapsed_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "step": self.step,
-            "sft_step": self.sft_step,
-            "position": self.position.to_dict(),
-            "elapsed_s": self.elapsed_s,
-        }
+        return attrs.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainState:

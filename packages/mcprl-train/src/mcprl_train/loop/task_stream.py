@@ -33,7 +33,7 @@ class StreamPosition:
     taken: int = 0
 
     def to_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index, "taken": self.taken}
+        return attrs.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StreamPosition:

@@ -23,7 +23,7 @@ from mcprl_policy import Policy, PolicySampler
 from mcprl_train import build, collectives
 from mcprl_train.build import TaskData
 from mcprl_train.config import Config
-from mcprl_train.loop.collection import Collection, tool_step_metrics
+from mcprl_train.loop.collection import tool_step_metrics
 from mcprl_train.loop.learner import Learner
 from mcprl_train.loop.overlap import CollectedStep, collect_step, learn_step, learn_while_collecting
 from mcprl_train.loop.rollouts import Rollouts
@@ -280,7 +280,7 @@ class Trainer:
         metrics["perf/tokens_per_s"] = n_tokens / max(1e-9, elapsed)
         self.phases.announce("records", self.state, step=step)
         self.log_metrics("grpo", step, metrics)
-        self.write_trajectories(step, ready.collected)
+        self.sinks.write_episodes(step, ready.collected.trajectory_records())
         self.emit("after_step")
         return metrics
 
@@ -336,11 +336,6 @@ class Trainer:
         record.update({k: float(v) for k, v in (metrics | judge_metrics()).items()})
         self.history.append({"kind": kind, "step": step, **record})
         self.sinks.write_metrics(kind, step, record)
-
-    def write_trajectories(self, step: int, collected: Collection) -> None:
-        """Every episode of the step, discarded attempts included, one JSON line each (crash-safe,
-        deduplicated by the run dir; `Collection.trajectory_records`)."""
-        self.sinks.write_episodes(step, collected.trajectory_records())
 
     # -- checkpoints -------------------------------------------------------------------------------------
 

@@ -124,8 +124,8 @@ class Checkpoint:
     def has_state(self, name: str) -> bool:
         return (self.path / f"{name}.pt").is_file()
 
-    def state(self, name: str, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-        """A state dict saved under ``name`` (tensors on ``map_location``).
+    def state(self, name: str) -> dict[str, Any]:
+        """A state dict saved under ``name`` (tensors on the CPU).
 
         Raises:
             CheckpointError: no such state in this checkpoint.
@@ -134,14 +134,11 @@ class Checkpoint:
         if not path.is_file():
             raise CheckpointError(f"checkpoint {self.path.name} has no state {name!r}")
         # The file's sha256 was verified against the manifest when the checkpoint was loaded.
-        return torch.load(path, map_location=map_location, weights_only=False)
-
-    def rng_state(self) -> dict[str, Any]:
-        return self.state(RNG)
+        return torch.load(path, map_location="cpu", weights_only=False)
 
     def restore_rng(self) -> None:
         """Restore the RNG states saved with the checkpoint."""
-        restore_rng_state(self.rng_state())
+        restore_rng_state(self.state(RNG))
 
 
 class CheckpointManager:
@@ -167,16 +164,14 @@ class CheckpointManager:
         writers: Mapping[str, Callable[[Path], object]] | None = None,
         state_dicts: Mapping[str, Any] | None = None,
         meta: Mapping[str, Any] | None = None,
-        rng: bool = True,
     ) -> Checkpoint:
-        """Write a checkpoint of ``step`` atomically and point ``latest`` at it.
+        """Write a checkpoint of ``step`` with the current RNG states atomically and point ``latest`` at it.
 
         Args:
             step: The training step (names the directory).
             writers: ``name → fn(directory)``; each fills ``<checkpoint>/<name>/`` (e.g. ``save_pretrained``).
             state_dicts: ``name → object`` saved with `torch.save` as ``<name>.pt`` (optimizer, scheduler...).
             meta: JSON-able data (data position, stage...) stored in ``meta.json``.
-            rng: Also save the current RNG states (`capture_rng_state`).
 
         Returns:
             The checkpoint as `load` would return it.
@@ -192,8 +187,7 @@ class CheckpointManager:
         for name, value in (state_dicts or {}).items():
             _check_name(name)
             torch.save(value, tmp / f"{name}.pt")
-        if rng:
-            torch.save(capture_rng_state(), tmp / f"{RNG}.pt")
+        torch.save(capture_rng_state(), tmp / f"{RNG}.pt")
         full_meta = {**(meta or {}), "step": int(step)}
         (tmp / META).write_text(json.dumps(full_meta, indent=2, sort_keys=True, default=str) + "\n")
         files = {str(p.relative_to(tmp)): _hash_and_sync(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
@@ -326,11 +320,8 @@ def _check_name(name: str) -> None:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _hash_and_sync(path: Path) -> dict[str, Any]:

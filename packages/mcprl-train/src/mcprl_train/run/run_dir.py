@@ -133,6 +133,12 @@ class RunDir:
     def __init__(self, path: str | Path, *, keep_checkpoints: int = 3) -> None:
         self.path = Path(path)
         self.name = self.path.name
+        self.config_path = self.path / CONFIG_FILE
+        self.metrics_path = self.path / METRICS_FILE
+        self.trajectories_path = self.path / TRAJECTORIES_FILE
+        self.summary_path = self.path / SUMMARY_FILE
+        self.log_path = self.path / LOG_FILE
+        self.plots_dir = self.path / "plots"
         self.checkpoints = CheckpointManager(self.path / "checkpoints", keep=keep_checkpoints)
         self._seen_episodes: set[tuple[str, int, str]] | None = None
 
@@ -164,7 +170,7 @@ class RunDir:
         return run_dir
 
     @classmethod
-    def open(cls, path: str | Path, *, keep_checkpoints: int | None = None) -> RunDir:
+    def open(cls, path: str | Path) -> RunDir:
         """An existing run directory (for resume, evaluation or plots).
 
         Raises:
@@ -174,37 +180,12 @@ class RunDir:
         if not (root / CONFIG_FILE).is_file():
             raise RunDirError(f"{str(root)!r} is not a run directory (no {CONFIG_FILE})")
         run_dir = cls(root)
-        keep = (
-            keep_checkpoints if keep_checkpoints is not None else run_dir.load_config().run.keep_checkpoints
+        run_dir.checkpoints = CheckpointManager(
+            root / "checkpoints", keep=run_dir.load_config().run.keep_checkpoints
         )
-        run_dir.checkpoints = CheckpointManager(root / "checkpoints", keep=keep)
         return run_dir
 
     # -- files ----------------------------------------------------------------------------------------------
-
-    @property
-    def config_path(self) -> Path:
-        return self.path / CONFIG_FILE
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.path / METRICS_FILE
-
-    @property
-    def trajectories_path(self) -> Path:
-        return self.path / TRAJECTORIES_FILE
-
-    @property
-    def summary_path(self) -> Path:
-        return self.path / SUMMARY_FILE
-
-    @property
-    def log_path(self) -> Path:
-        return self.path / LOG_FILE
-
-    @property
-    def plots_dir(self) -> Path:
-        return self.path / "plots"
 
     def write_config(self, config: Config) -> Path:
         """Write ``config.yaml`` atomically (temp file + fsync + rename)."""

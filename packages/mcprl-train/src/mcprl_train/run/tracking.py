@@ -203,33 +203,27 @@ class Tracker:
         GRPO keys are logged as they are; a bare key of an SFT or eval record gets its kind as prefix
         (``sft/step``, ``eval/sft_step``) so the three kinds do not overwrite each other's panels.
         """
+        if self._wandb_run is None:
+            return
         prefix = "" if kind == "grpo" else f"{kind}/"
         full: dict[str, Any] = {"kind": kind, "step": step, **record}
-        self.log_metrics(step, {k if "/" in k or not prefix else f"{prefix}{k}": v for k, v in full.items()})
+        numeric = {
+            k if "/" in k or not prefix else f"{prefix}{k}": v
+            for k, v in full.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        self._wandb_run.log(numeric, step=step)
 
     def write_episodes(self, step: int, episodes: Sequence[Mapping[str, object]]) -> None:
         """Trace each episode of ``step`` as a weave call (labelled with the run and step, as on disk)."""
-        self.trace_episodes([{"run": self.run_dir.name, "step": step, **e} for e in episodes])
+        if self._weave_op is not None:
+            for episode in episodes:
+                self._weave_op({"run": self.run_dir.name, "step": step, **episode})
 
     def write_summary(self, summary: Mapping[str, object]) -> None:
         """Set the wandb run's summary to the run's (non-null) summary fields."""
         if self._wandb_run is not None:
             self._wandb_run.summary.update({k: v for k, v in summary.items() if v is not None})
-
-    def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Send numeric metrics of ``step`` to wandb (no-op when disabled)."""
-        if self._wandb_run is None:
-            return
-        numeric = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-        self._wandb_run.log(numeric, step=step)
-
-    def trace_episodes(self, records: Sequence[Mapping[str, Any]]) -> int:
-        """Record each episode as a weave call; returns how many were traced."""
-        if self._weave_op is None:
-            return 0
-        for record in records:
-            self._weave_op(dict(record))
-        return len(records)
 
     def finish(self) -> None:
         """Close the wandb run (flushes offline files)."""

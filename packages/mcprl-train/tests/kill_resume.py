@@ -8,7 +8,7 @@ from a checkpoint repeats the phases after that checkpoint with the same keys, s
 attempt ``i`` ``offset`` seconds after it announces point ``i``'s phase (or at once when it announces a later
 phase first), resumes it with ``--resume``, and goes on until every point was used; the last attempt runs to
 the end. Each kill's record names the phase it landed in (the killed attempt's last line of ``phases.jsonl``).
-`mcprl_train.run.compare.run_differences` then compares the run with the uninterrupted one.
+`run_compare.run_differences` then compares the run with the uninterrupted one.
 
 SIGKILL goes to the trainer alone, as the OOM killer would send it; its MCP servers lose their stdin and must
 exit by themselves (`Kill.orphans` counts those still alive 10 s later; they are then killed).
@@ -25,32 +25,105 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import assert_never, get_args
 
 import attrs
 
-from mcprl_train.run.phases import (
-    PHASES_FILE,
-    Phase,
-    PhaseKey,
-    PhaseMark,
-    describe_phase,
-    read_phases,
-    read_phases_bytes,
-)
-from mcprl_train.run.run_dir import read_jsonl
+from mcprl_train.run.phases import PHASES_FILE, Phase
+from mcprl_train.run.run_dir import JsonlReadResult, read_jsonl, read_jsonl_bytes
 
 __all__ = [
     "Kill",
     "KillPoint",
     "KillRun",
     "KillSchedule",
+    "PhaseKey",
+    "PhaseMark",
     "Segment",
+    "describe_phase",
     "draw_schedule",
     "kill_and_resume",
     "landed",
+    "read_phases",
+    "read_phases_bytes",
     "reference_timeline",
     "train_command",
 ]
+
+
+_PHASES: tuple[Phase, ...] = get_args(Phase)
+
+PhaseKey = tuple[str, str, int, int, str | None]
+"""Which phase of a run a mark is, the clock aside: (phase, stage, step, sft_step, tag)."""
+
+
+@attrs.frozen(kw_only=True)
+class PhaseMark:
+    """One line of ``phases.jsonl``."""
+
+    phase: Phase
+    stage: str
+    step: int
+    sft_step: int
+    tag: str | None = None
+    time: float
+
+    @property
+    def key(self) -> PhaseKey:
+        """Which phase of the run this is, the clock aside: a resumed run repeats the keys after its checkpoint."""
+        return (self.phase, self.stage, self.step, self.sft_step, self.tag)
+
+
+def read_phases(path: Path) -> list[PhaseMark]:
+    """The complete lines of a phases file (a torn last line is left out; a missing file is empty).
+
+    Raises:
+        ValueError: a line names a phase this version does not know.
+    """
+    return _marks(read_jsonl(path), str(path))
+
+
+def read_phases_bytes(data: bytes) -> list[PhaseMark]:
+    """`read_phases` of part of a file's contents (whole lines from the start of one)."""
+    return _marks(read_jsonl_bytes(data), PHASES_FILE)
+
+
+def _marks(result: JsonlReadResult, source: str) -> list[PhaseMark]:
+    out: list[PhaseMark] = []
+    for record in result.records:
+        phase = record.get("phase")
+        if phase not in _PHASES:
+            raise ValueError(f"{source}: unknown phase {phase!r} (known: {', '.join(_PHASES)})")
+        tag = record.get("tag")
+        out.append(
+            PhaseMark(
+                phase=phase,
+                stage=str(record["stage"]),
+                step=int(record["step"]),
+                sft_step=int(record["sft_step"]),
+                tag=None if tag is None else str(tag),
+                time=float(record["time"]),
+            )
+        )
+    return out
+
+
+def describe_phase(mark: PhaseMark) -> str:
+    """``update, GRPO step 2``, ``warm start from SFT step 10``, ``evaluation warm_start``, ..."""
+    match mark.phase:
+        case "startup" | "summary":
+            return mark.phase
+        case "warm_start":
+            return f"warm start from SFT step {mark.sft_step}"
+        case "evaluation":
+            return f"evaluation {mark.tag}"
+        case "collection" | "update" | "update_and_collection" | "records":
+            return f"{mark.phase}, GRPO step {mark.step}"
+        case "checkpoint":
+            where = f"SFT step {mark.sft_step}" if mark.stage == "sft" else f"GRPO step {mark.step}"
+            return f"checkpoint, {where}{' (final)' if mark.stage == 'done' else ''}"
+        case _:
+            assert_never(mark.phase)
 
 
 @attrs.frozen(kw_only=True)
@@ -166,7 +239,7 @@ class Kill:
             that was complete when that attempt died).
         phase: The phase the kill landed in (the attempt's last line of ``phases.jsonl``; ``startup`` when it
             had written none yet).
-        where: That phase described (`mcprl_train.run.phases.describe_phase`).
+        where: That phase described (`describe_phase`).
         detail: What the kill cut, when the files show it: a checkpoint's temporary directory, a torn line.
     """
 

@@ -1,7 +1,7 @@
 """Two finished runs compared: what differs between their run directories, clock readings aside.
 
 `run_differences` is how the reproducibility checks (two continuations of a checkpoint, a run killed and
-resumed, `mcprl_train.run.kill_resume`) decide that two runs are the same run.
+resumed, `kill_resume`) decide that two runs are the same run.
 """
 
 from __future__ import annotations
