@@ -175,7 +175,9 @@ def _parser(config: Config, tokenizer: ChatTokenizer) -> CheckResult:
 
 def _embedding_rows(path: str) -> int | None:
     """``vocab_size`` of the model's (text) config: a saved LoRA adapter's base model for an adapter directory."""
-    meta = Path(path) / "mcprl_policy.json"
+    from mcprl_policy.policy import POLICY_META_FILE
+
+    meta = Path(path) / POLICY_META_FILE
     if meta.is_file():
         saved = json.loads(meta.read_text())
         if saved.get("lora") is not None:
