@@ -6,10 +6,6 @@ the device, its forward through DeepSpeed's CUDA path, and the EMA on bf16 parti
 
 from __future__ import annotations
 
-import os
-import socket
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -21,33 +17,6 @@ pytestmark = [
         not torch.cuda.is_available(), reason="needs a CUDA device (scripts/test-gpu.sh runs these on one)"
     ),
 ]
-
-
-@pytest.fixture
-def one_process_group() -> Iterator[None]:
-    """A world of one (what torchrun would set for one GPU), torn down afterwards."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {
-        "WORLD_SIZE": "1",
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.mark.usefixtures("one_process_group")

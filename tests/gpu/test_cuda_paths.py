@@ -10,9 +10,7 @@ reason.
 from __future__ import annotations
 
 import math
-import os
-import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import anyio
 import pytest
@@ -148,33 +146,6 @@ def test_qlora_loads_the_base_in_nf4_on_cuda_and_one_step_moves_only_the_adapter
         n for n, p in policy.named_trainable_parameters() if n in before and not torch.equal(before[n], p)
     ]
     assert len(moved) >= len(before) // 2, f"{len(moved)} of {len(before)} adapter tensors moved"
-
-
-@pytest.fixture
-def one_process_group() -> Iterator[None]:
-    """A world of one (what torchrun would set for one GPU), torn down afterwards."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {
-        "WORLD_SIZE": "1",
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.mark.usefixtures("one_process_group")

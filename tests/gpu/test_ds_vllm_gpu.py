@@ -7,9 +7,7 @@ without CUDA, deepspeed or vllm (``scripts/test-gpu.sh`` runs it where they are)
 
 from __future__ import annotations
 
-import os
-import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import anyio
 import pytest
@@ -46,33 +44,6 @@ OVERRIDES = [
 TOLERANCE = 0.1
 
 
-@pytest.fixture
-def world_of_one() -> Iterator[None]:
-    """The environment torchrun gives one process, torn down afterwards (vLLM's shutdown destroys the group)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {
-        "WORLD_SIZE": "1",
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def _sample(sampler: object, prompts: Sequence[list[int]]) -> list[Completion]:
     from mcprl_policy.vllm_sampler import VLLMSampler
 
@@ -95,7 +66,7 @@ def _max_mismatch(policy: Policy, prompts: Sequence[list[int]], completions: Seq
     )
 
 
-@pytest.mark.usefixtures("world_of_one")
+@pytest.mark.usefixtures("one_process_group")
 def test_deepspeed_zero3_update_on_one_gpu_reaches_the_ranks_vllm_engine() -> None:
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (the deepspeed extra)")
     pytest.importorskip(
