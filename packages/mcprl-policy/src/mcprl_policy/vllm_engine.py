@@ -1,14 +1,24 @@
 """The vLLM engine behind `mcprl_policy.vllm_sampler` (extra ``vllm``): loading, sharing, weight sync, sleep.
 
-Weight sync: a LoRA policy's adapter is saved to a new directory under the engine's one adapter folder, loaded
+Weight sync: a LoRA policy's adapter (``lora_push="adapter"``) is saved to a new directory under the engine's one adapter folder, loaded
 into the engine at once (``LLMEngine.add_lora``) under a new ``LoRARequest`` id (no merge), after which the
 previous adapter is removed from the engine and its directory deleted: at most one adapter directory exists
 between syncs, and the folder is deleted when the engine closes (or at exit). vLLM's ``LoRARequest`` needs a
-path (0.32 has no in-memory adapter request). A fully fine-tuned policy's weights are reloaded in place through
-``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})``, which needs the engine core in this
-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here when unset (an explicit other value is an error). The
-reload leaves vLLM's prefix cache holding KV blocks computed by the old weights, so the cache is reset after it
-(a new adapter id already keys the cache apart).
+path (0.32 has no in-memory adapter request). A fully fine-tuned policy's weights (or a LoRA policy's merged
+ones, ``lora_push="merged"``) are reloaded in place through ``llm.collective_rpc("reload_weights",
+kwargs={"weights_iterator": ...})``, which needs the engine core in this process:
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here when unset (an explicit other value is an error). The iterator is
+`mcprl_policy.weight_push`'s stream: read lazily by vLLM, one bucket of ``push_bucket_bytes`` full at a time,
+gathered per bucket where the parameters are partitioned (the engine's `ParameterGather`; ZeRO-3's makes every
+push collective, so such an engine pushes only when told to, never lazily before a request). The reload leaves
+vLLM's prefix cache holding KV blocks computed by the old weights, so the cache is reset after it (a new adapter
+id already keys the cache apart).
+
+vLLM's in-place reload, not TRL's direct ``model.load_weights``: on CPU, vLLM packs each linear layer's weight
+for its GEMM kernel after loading and leaves an empty ``weight`` behind (``dispatch_cpu_unquantized_gemm``), so
+a direct load has nothing to write into; ``reload_weights`` puts the layers back in checkpoint format, loads
+them layer by layer (holding a layer's loaded tensors until the layer is complete) and repacks. On CUDA the
+unquantized weight is used as loaded and both ways work; one way is kept for both.
 
 A sync happens on demand and, lazily, before requests that would otherwise read stale weights: the engine
 fingerprints the policy's tensors by their autograd version counters, which every in-place update (optimizer
@@ -42,9 +52,9 @@ import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import structlog
@@ -53,12 +63,20 @@ import torch
 from mcprl_policy.errors import MissingExtraError, SamplerError
 from mcprl_policy.fingerprint import Fingerprint, weights_fingerprint
 from mcprl_policy.policy import Policy
+from mcprl_policy.weight_push import (
+    LOCAL_PARAMETERS,
+    ParameterGather,
+    merged_lora_weights,
+    streamed_weights,
+)
 
 if TYPE_CHECKING:
     from mcprl_policy.vllm_stream import RequestStream
 
 __all__ = [
+    "DEFAULT_PUSH_BUCKET_BYTES",
     "Engine",
+    "LoraPush",
     "check_head_size",
     "check_sleep_mode",
     "close_engines",
@@ -70,6 +88,9 @@ __all__ = [
 ]
 
 _log = structlog.get_logger()
+
+LoraPush = Literal["adapter", "merged"]
+DEFAULT_PUSH_BUCKET_BYTES = 256 * 2**20
 
 _HINT = (
     "the vLLM sampler needs vllm: `uv sync --extra vllm` or `pip install 'mcprl-policy[vllm]'` on a CUDA "
@@ -190,11 +211,17 @@ class Engine:
 
     ``lock`` serialises everything that touches the engine core from two threads: a sync or sleep (event-loop
     thread) and a scheduler step (`mcprl_policy.vllm_stream`, worker thread).
+
+    ``lora`` means adapters are pushed (``lora_push="adapter"``); ``merged_lora``, that a LoRA policy's merged
+    weights are. ``gather`` makes the policy's parameters full for a push, ``push_bucket_bytes`` at a time.
     """
 
     llm: Any
     lora: bool
     adapter_root: Path
+    merged_lora: bool = False
+    gather: ParameterGather = LOCAL_PARAMETERS
+    push_bucket_bytes: int = DEFAULT_PUSH_BUCKET_BYTES
     sleep_mode: bool = False
     lora_id: int = 0
     lora_request: Any = None
@@ -213,8 +240,14 @@ class Engine:
         return self.llm.llm_engine
 
     def holds(self, policy: Policy) -> bool:
-        """Whether the engine is awake and holds the policy's current weights (no push needed)."""
-        return not self.sleeping and weights_fingerprint(policy.model) == self.synced
+        """Whether the engine is awake and holds the policy's current weights (no push needed).
+
+        With a collective `gather` an awake engine always does: a push is collective, so it happens only when
+        every rank calls `sync` (a lazy push on one rank would wait for the others forever).
+        """
+        if self.sleeping:
+            return False
+        return self.gather.collective or weights_fingerprint(policy.model) == self.synced
 
     def sync(self, policy: Policy, *, force: bool) -> bool:
         """Push the policy's weights unless the engine already holds them (waking it first); True when pushed.
@@ -284,11 +317,20 @@ class Engine:
 
     def _reload(self, policy: Policy) -> None:
         require_in_process_engine()
-        weights = [(name, t.detach()) for name, t in policy.model.state_dict().items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        stream = merged_lora_weights if self.merged_lora else streamed_weights
+        weights = stream(policy.model, gather=self.gather, bucket_bytes=self.push_bucket_bytes)
+        pushed = 0
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal pushed
+            for pair in weights:
+                pushed += 1
+                yield pair
+
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted()})
         if not self.llm.reset_prefix_cache():
             raise SamplerError("vLLM could not reset its prefix cache after a weight reload")
-        _log.info("vllm_weights_synced", tensors=len(weights))
+        _log.info("vllm_weights_synced", tensors=pushed, merged_lora=self.merged_lora)
 
 
 # Engines by policy, then by their `vllm.LLM` settings; an engine goes away with its policy.
@@ -305,6 +347,9 @@ def shared_engine(
     engine_kwargs: dict[str, Any] | None,
     share: bool,
     sleep_mode: bool = False,
+    lora_push: LoraPush = "adapter",
+    gather: ParameterGather = LOCAL_PARAMETERS,
+    push_bucket_bytes: int = DEFAULT_PUSH_BUCKET_BYTES,
 ) -> Engine:
     """The engine of ``policy`` with these settings: the one another sampler built, or a new one.
 
@@ -315,10 +360,15 @@ def shared_engine(
         engine_kwargs: Extra ``vllm.LLM`` keyword arguments (they override the ones set here).
         share: Reuse (and offer for reuse) the engine of the same policy and settings.
         sleep_mode: Build the engine with ``enable_sleep_mode`` (`Engine.sleep`).
+        lora_push: A LoRA policy's sync: ``adapter`` (vLLM's LoRA, a new adapter per sync) or ``merged`` (the
+            merged weights reloaded in place; the engine runs without LoRA).
+        gather: What makes the policy's parameters full for a push (ZeRO-3: an all-gather per bucket).
+        push_bucket_bytes: The most parameter bytes a push holds full at once (one larger tensor alone).
 
     Raises:
         MissingExtraError: vllm is not installed.
-        SamplerError: ``sleep_mode`` where vLLM's platform has none.
+        SamplerError: ``sleep_mode`` where vLLM's platform has none; adapters pushed from partitioned
+            parameters (a collective ``gather``); a shared engine asked for with another ``gather``.
     """
     vllm = require_vllm()
     if sleep_mode:
@@ -332,7 +382,14 @@ def shared_engine(
         "seed": seed,
         "enable_sleep_mode": sleep_mode,
     }
-    if policy.lora is not None:
+    adapters = policy.lora is not None and lora_push == "adapter"
+    if adapters and gather.collective:
+        raise SamplerError(
+            "a LoRA adapter is saved from the policy's full parameters, and these are partitioned (a collective "
+            "gather): push the merged weights instead (lora_push='merged')"
+        )
+    if adapters:
+        assert policy.lora is not None
         kwargs.update(enable_lora=True, max_lora_rank=max(8, policy.lora.r), max_loras=1)
     else:
         # The sampler pushes the policy's weights before any request (`Engine.sync`), so the engine need not read
@@ -347,13 +404,21 @@ def shared_engine(
     if engine is None:
         engine = Engine(
             llm=vllm.LLM(**kwargs),
-            lora=policy.lora is not None,
+            lora=adapters,
+            merged_lora=policy.lora is not None and not adapters,
             adapter_root=Path(tempfile.mkdtemp(prefix="mcprl-vllm-lora-")),
             sleep_mode=bool(kwargs["enable_sleep_mode"]),
+            gather=gather,
+            push_bucket_bytes=push_bucket_bytes,
         )
         _BUILT.add(engine)
         if share:
             engines[key] = engine
+    elif engine.gather is not gather or engine.push_bucket_bytes != push_bucket_bytes:
+        raise SamplerError(
+            "a second sampler of this policy asked for the shared engine with another parameter gather or push "
+            "bucket: build both samplers with the same ones (or share_engine=False)"
+        )
     return engine
 
 

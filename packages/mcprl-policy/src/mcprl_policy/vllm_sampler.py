@@ -38,6 +38,8 @@ from mcprl_policy.config import SamplingParams
 from mcprl_policy.errors import SamplerError
 from mcprl_policy.policy import Policy
 from mcprl_policy.vllm_engine import (
+    DEFAULT_PUSH_BUCKET_BYTES,
+    LoraPush,
     check_head_size,
     cpu_head_sizes,
     require_in_process_engine,
@@ -46,6 +48,7 @@ from mcprl_policy.vllm_engine import (
 )
 from mcprl_policy.vllm_stream import RequestStream
 from mcprl_policy.vocab import embedding_rows, end_of_turn_ids
+from mcprl_policy.weight_push import LOCAL_PARAMETERS, ParameterGather
 
 __all__ = [
     "VLLMSampler",
@@ -115,11 +118,16 @@ class VLLMSampler:
             same settings; the first sampler's ``max_batch_size`` and ``max_wait_ms`` then hold for both.
         sleep_mode: build the engine with vLLM's sleep mode, so that `sleep` frees its device memory for the
             update (CUDA/ROCm/XPU only).
+        lora_push: a LoRA policy's sync: ``adapter`` (a new vLLM adapter) or ``merged`` (its merged weights
+            reloaded in place; the engine runs without LoRA).
+        weight_gather: what makes the policy's parameters full for a push (`mcprl_policy.weight_push`; ZeRO-3's
+            gathers one bucket at a time, on every rank together).
+        push_bucket_bytes: the most parameter bytes a push holds full at once (one larger tensor alone).
 
     Raises:
         MissingExtraError: vllm is not installed (the message names the install command).
         SamplerError: the model's head size has no kernel in vLLM's CPU backend; ``sleep_mode`` where vLLM has
-            none (CPU).
+            none (CPU); LoRA adapters from partitioned parameters (see `mcprl_policy.vllm_engine.shared_engine`).
     """
 
     def __init__(
@@ -133,6 +141,9 @@ class VLLMSampler:
         engine_kwargs: dict[str, Any] | None = None,
         share_engine: bool = True,
         sleep_mode: bool = False,
+        lora_push: LoraPush = "adapter",
+        weight_gather: ParameterGather = LOCAL_PARAMETERS,
+        push_bucket_bytes: int = DEFAULT_PUSH_BUCKET_BYTES,
     ) -> None:
         vllm = require_vllm()
         supported = cpu_head_sizes()
@@ -142,7 +153,7 @@ class VLLMSampler:
             config: Any = policy.model.config
             head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
             check_head_size(int(head_dim), supported, model=str(policy.base_model))
-        if policy.lora is None:
+        if policy.lora is None or lora_push == "merged":
             require_in_process_engine()
         self.policy = policy
         self.params = params if params is not None else SamplingParams()
@@ -160,6 +171,9 @@ class VLLMSampler:
             engine_kwargs=engine_kwargs,
             share=share_engine,
             sleep_mode=sleep_mode,
+            lora_push=lora_push,
+            gather=weight_gather,
+            push_bucket_bytes=push_bucket_bytes,
         )
         if self._engine.stream is None:
             self._engine.stream = RequestStream(

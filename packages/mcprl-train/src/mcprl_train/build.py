@@ -16,6 +16,7 @@ from mcprl_train.errors import ConfigError, DistributedError
 if TYPE_CHECKING:
     from mcprl_env import Checker, Task, TaskSet
     from mcprl_policy import Policy, PolicySampler
+    from mcprl_policy.weight_push import ParameterGather
     from mcprl_tools import MissingVariables, ServersConfig
     from mcprl_train.config import Config
     from mcprl_train.loop.demo_file import Demonstration
@@ -151,12 +152,28 @@ def build_reference(
     return ReferencePolicy.for_policy(policy)
 
 
+@runtime_checkable
+class PartitionsPush(Protocol):
+    """An update backend whose sampling policy's parameters are partitioned between pushes into a vLLM engine
+    (DeepSpeed ZeRO-3: `mcprl_train.parallel.ds_backend.DeepSpeedBackend`)."""
+
+    def weight_gather(self) -> ParameterGather | None:
+        """The push's per-bucket gather; None: the parameters are full."""
+        ...
+
+
 def build_sampler(
-    config: Config, policy: Policy, *, greedy: bool = False, seed: int | None = None
+    config: Config,
+    policy: Policy,
+    *,
+    greedy: bool = False,
+    seed: int | None = None,
+    backend: UpdateBackend | None = None,
 ) -> PolicySampler:
     """The rollout sampler (`config.sampling`, `config.sampler`); `greedy` gives the evaluation sampler.
 
-    `seed` is the sampler's (derived from `run.seed` by the caller; `sampling.seed` is never set).
+    `seed` is the sampler's (derived from `run.seed` by the caller; `sampling.seed` is never set). A vLLM
+    sampler pushes ``policy``'s weights gathered by `backend`'s `PartitionsPush.weight_gather` where it has one.
     """
     import attrs
 
@@ -183,6 +200,9 @@ def build_sampler(
                 require_vllm()
             except MissingExtraError as exc:
                 raise ConfigError(f"sampler.backend=vllm: {exc}; or use sampler.backend=hf") from exc
+            from mcprl_policy.weight_push import LOCAL_PARAMETERS
+
+            gather = backend.weight_gather() if isinstance(backend, PartitionsPush) else None
             # The rollout and the greedy evaluation sampler share one engine (same settings); it pulls the
             # policy's weights before generating whenever they changed (SFT, GRPO updates, a restore).
             return VLLMSampler(
@@ -193,6 +213,8 @@ def build_sampler(
                 gpu_memory_utilization=config.sampler.gpu_memory_utilization,
                 sleep_mode=config.sampler.vllm_sleep,
                 engine_kwargs={"max_num_seqs": config.sampler.max_batch_size},
+                weight_gather=gather if gather is not None else LOCAL_PARAMETERS,
+                push_bucket_bytes=int(config.sampler.vllm_push_bucket_mb * 2**20),
             )
         case _ as unreachable:
             assert_never(unreachable)

@@ -106,6 +106,8 @@ class SamplerConfig:
             update (weights offloaded to host memory, KV cache dropped: ``LLM.sleep(level=1)``), so the learner
             gets the device memory the engine holds; the next sync wakes it and pushes the new weights.
             CUDA/ROCm/XPU only (refused where vLLM has no sleep mode).
+        vllm_push_bucket_mb: vLLM backend: the most parameter memory a full-weight push holds at once (ZeRO-3
+            gathers one bucket of parameters at a time, one larger tensor alone; `mcprl_policy.weight_push`).
     """
 
     backend: Literal["hf", "vllm"] = "hf"
@@ -115,6 +117,7 @@ class SamplerConfig:
     gpu_memory_utilization: float = attrs.field(default=0.3, validator=[v.gt(0.0), v.le(0.95)])
     decode_forward: DecodeForward = "auto"
     vllm_sleep: bool = False
+    vllm_push_bucket_mb: float = attrs.field(default=256.0, validator=v.gt(0.0))
 
 
 @attrs.frozen(kw_only=True)

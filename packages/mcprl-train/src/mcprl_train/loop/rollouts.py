@@ -59,12 +59,14 @@ class Rollouts:
             self.snapshot = SamplingSnapshot(backend.sampling_policy)
         policy = self.sampling_policy
         rank_seed = config.run.seed + 7_919 * self.rank
-        self.sampler: PolicySampler = build.build_sampler(config, policy, seed=rank_seed)
+        self.sampler: PolicySampler = build.build_sampler(config, policy, seed=rank_seed, backend=backend)
         # vLLM: the sampler's seed is its engine's, and the evaluation sampler shares the rollout's engine only
         # with the same seed. Building an engine in a process group is collective (vLLM all-reduces the free
         # memory), so every rank must build the same number: one each.
         eval_seed = rank_seed if config.sampler.backend == "vllm" else config.run.seed
-        self.eval_sampler = build.build_sampler(config, policy, greedy=config.eval.greedy, seed=eval_seed)
+        self.eval_sampler = build.build_sampler(
+            config, policy, greedy=config.eval.greedy, seed=eval_seed, backend=backend
+        )
         if config.sampler.backend == "vllm":
             from mcprl_policy.vllm_sampler import VLLMSampler
 

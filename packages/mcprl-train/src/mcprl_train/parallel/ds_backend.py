@@ -9,10 +9,11 @@ section describes the whole path):
 - What the samplers read (`sampling_policy`) is set by ``distributed.sampling``:
 
   - ``engine`` (the default): the engine's own module. ZeRO 0-2 keep full parameters on every rank, so the
-    samplers read the live weights and `publish` copies nothing. ZeRO-3 gathers the parameters to full size
-    (`mcprl_train.parallel.gathered`) in `publish`; any engine call of the update (`lay_out`, `forward`, ...)
-    releases them first. The full weights are thus a transient of collection and evaluation, never next to the
-    update's activations.
+    samplers read the live weights and `publish` copies nothing. ZeRO-3 with the HF sampler gathers the
+    parameters to full size (`mcprl_train.parallel.gathered`) in `publish`; any engine call of the update
+    (`lay_out`, `forward`, ...) releases them first. The full weights are thus a transient of collection and
+    evaluation, never next to the update's activations. ZeRO-3 with vLLM gathers nothing in `publish`: each
+    rank's engine is pushed the weights one bucket of parameters at a time (`weight_gather`, collective).
   - ``replica``: a second full copy per rank; `publish` gathers the trained parameters into it (collective).
 
   Under ZeRO 0-2, when the KL reference follows the policy (``reference.every > 0``: its EMA or re-sync reads
@@ -27,7 +28,8 @@ section describes the whole path):
   micro-batches and, per micro-batch, of logits chunks (the output head runs once per
   `Policy.logits_chunk_size` rows), topping up with filler sequences whose action mask is empty.
 - A checkpoint holds the full weights as ``policy/`` (``save_pretrained`` of `sampling_policy`: the engine's
-  module, gathered under ZeRO-3, or the replica, equal to it after `publish`) and every rank's engine partition
+  module, gathered under ZeRO-3 — with vLLM too, for the checkpoint's time —, or the replica, equal to it after
+  `publish`) and every rank's engine partition
   (parameters, optimizer states) as ``engine/``, staged next to the checkpoints and moved in by rank 0.
   Resuming needs the same number of ranks.
 
@@ -46,6 +48,7 @@ import torch
 from torch import nn
 
 from mcprl_policy import Layout, PackedForward, Policy, policy_forward
+from mcprl_policy.weight_push import ParameterGather
 from mcprl_train import collectives
 from mcprl_train.build import build_policy
 from mcprl_train.config import Config
@@ -54,7 +57,7 @@ from mcprl_train.loop.samples import Sample
 from mcprl_train.loop.update import CheckpointWriter, adamw
 from mcprl_train.parallel.deepspeed import deepspeed_config, require_deepspeed
 from mcprl_train.parallel.ds_reference import PartitionedReference, partitioned_reference
-from mcprl_train.parallel.gathered import GatheredWeights
+from mcprl_train.parallel.gathered import GatheredWeights, ZeroParameters
 from mcprl_train.typed_torch import tensor_list
 
 __all__ = [
@@ -212,9 +215,11 @@ class DeepSpeedBackend:
             self.reference = partitioned_reference(config, policy)
         self.replica_stale = replica is not None
         self.gathered: GatheredWeights | None = None
+        self.pushed_by_bucket = replica is None and self.zero_stage == 3 and config.sampler.backend == "vllm"
         if replica is None and self.zero_stage == 3:
             self.gathered = GatheredWeights(self.engine)
-            self.gathered.gather()
+            if not self.pushed_by_bucket:
+                self.gathered.gather()
 
     # -- the update -----------------------------------------------------------------------------------------
 
@@ -280,14 +285,18 @@ class DeepSpeedBackend:
         if self.gathered is not None:
             self.gathered.release()
 
+    def weight_gather(self) -> ParameterGather | None:
+        """ZeRO-3 with vLLM: the push's per-bucket gather (`ZeroParameters`); None: the weights are full."""
+        return ZeroParameters() if self.pushed_by_bucket else None
+
     def publish(self) -> None:
         """Make the trained weights the samplers' (collective).
 
-        ``engine`` sampling: ZeRO-3 gathers every parameter to full size (a no-op when they still are); ZeRO
-        0-2 have nothing to do. ``replica``: gather every engine parameter and load it into the replica (once
-        per optimizer step).
+        ``engine`` sampling: ZeRO-3 gathers every parameter to full size (a no-op when they still are), except
+        with vLLM, whose push gathers per bucket; ZeRO 0-2 have nothing to do. ``replica``: gather every engine
+        parameter and load it into the replica (once per optimizer step).
         """
-        if self.gathered is not None:
+        if self.gathered is not None and not self.pushed_by_bucket:
             self.gathered.gather()
         if self.replica is None or not self.replica_stale:
             return
@@ -316,7 +325,9 @@ class DeepSpeedBackend:
         """Every rank's engine partition into a staging directory under ``root`` (collective).
 
         Returns the ``engine`` part for rank 0's checkpoint: it moves the staged files in. Gathered ZeRO-3
-        weights are released for the engine's save and gathered again after it, for the ``policy/`` part.
+        weights are released for the engine's save and gathered again after it, for the ``policy/`` part (and
+        the rank records a run's end writes after its last checkpoint); with vLLM they are gathered for this
+        only, until the next engine call.
         """
         full = self.gathered is not None and self.gathered.full
         self._release()
@@ -330,8 +341,9 @@ class DeepSpeedBackend:
         if self.reference is not None:
             self.reference.save_partition(staging / ENGINE_TAG)
         collectives.barrier()
-        if full:
-            self.publish()
+        if full or self.pushed_by_bucket:
+            assert self.gathered is not None
+            self.gathered.gather()
         engine_dir = staging / ENGINE_TAG
 
         def move(target: Path) -> None:

@@ -1,5 +1,11 @@
 """ZeRO-3's full weights outside the update: gathered for the samplers, released before the engine computes.
 
+Two ways. The HF sampler reads the module's parameters in every decoding step, so `GatheredWeights` holds all
+of them full between updates. A vLLM engine holds its own copy and reads the module's weights only when they are
+pushed into it: `ZeroParameters` is the push's `mcprl_policy.weight_push.ParameterGather`, all-gathering one
+bucket of parameters at a time (``deepspeed.zero.GatheredParameters`` over the bucket, as TRL does per
+parameter), so nothing is full between pushes.
+
 Under ZeRO-3 each rank holds ``1/N`` of every parameter; the engine all-gathers a submodule's parameters in a
 forward pre-hook and partitions them again in its post-hook. `GatheredWeights` holds every parameter of the
 engine's module at full size (``deepspeed.zero.GatheredParameters`` over all of them, ``modifier_rank=None``)
@@ -21,14 +27,38 @@ decoding to the slowest one's. Not built.
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 from torch import nn
 
 from mcprl_train.parallel.deepspeed import require_deepspeed
 
-__all__ = ["GatheredWeights"]
+__all__ = ["GatheredWeights", "ZeroParameters"]
+
+
+class ZeroParameters:
+    """A vLLM push's gather under ZeRO-3: each bucket all-gathered (collective), released after it is read.
+
+    ``gathered`` calls ``GatheredParameters`` with ``modifier_rank=None``: nothing written to a gathered
+    parameter is kept, and re-partitioning is local.
+    """
+
+    @property
+    def collective(self) -> bool:
+        return True
+
+    def full_numel(self, param: nn.Parameter) -> int:
+        numel = getattr(param, "ds_numel", None)
+        return int(numel) if numel is not None else param.numel()
+
+    def gathered(self, params: Sequence[nn.Parameter]) -> AbstractContextManager[object]:
+        deepspeed = require_deepspeed()
+        context: AbstractContextManager[object] = deepspeed.zero.GatheredParameters(
+            list(params), modifier_rank=None
+        )
+        return context
 
 
 class GatheredWeights:
