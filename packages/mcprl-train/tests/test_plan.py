@@ -427,6 +427,20 @@ def test_a100x2_counts_the_gathered_weights_while_sampling_and_a_partitioned_ref
     assert no_kl["zero3 gathered weights"] == p * 2
 
 
+def test_under_zero3_the_vllm_push_holds_a_bucket_but_a_checkpoint_still_gathers_the_whole_model() -> None:
+    shape = load_model_shape("Qwen/Qwen3-0.6B")
+    hf = plan_memory(Config.load(profile="a100x2"), shape)
+    vllm = plan_memory(
+        Config.load(profile="a100x2", overrides=["sampler.backend=vllm", "sampler.vllm_push_bucket_mb=64"]),
+        shape,
+    )
+    row = {r.name: r for r in vllm.rows}["zero3 gathered weights"]
+    assert row.nbytes == hf.bytes_of()["zero3 gathered weights"] == shape.num_params * 2
+    assert row.phase == "sampling"
+    assert "checkpoint's policy/" in row.formula
+    assert "max(64 MiB" in row.formula
+
+
 @pytest.mark.parametrize(
     ("overrides", "saved"),
     [

@@ -197,8 +197,11 @@ def _copy_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[Memory
     """What DeepSpeed's samplers read beyond the engine's partitions, and a full fine-tune's frozen reference.
 
     ``distributed.sampling=replica``: a full copy per rank, resident. ``engine``: ZeRO 0-2 sample from the
-    engine's full weights (no row); ZeRO-3 gathers them to full size for collection and evaluation and releases
-    them before the update (`mcprl_train.parallel.gathered`), a ``sampling`` transient.
+    engine's full weights (no row); ZeRO-3 with the HF sampler gathers them to full size for collection and
+    evaluation and releases them before the update (`mcprl_train.parallel.gathered`), a ``sampling`` transient.
+    ZeRO-3 with vLLM pushes the weights one bucket at a time (``sampler.vllm_push_bucket_mb``, or the largest
+    tensor alone), but a checkpoint still gathers them whole for its ``policy/`` (kept until the next update),
+    so the transient and its row stay, at the same size.
     The reference is a frozen copy, full on every rank except under ZeRO-3, which partitions it like the engine
     (`mcprl_train.parallel.ds_reference`; its forward gathers a layer at a time, as the engine's does).
     """
@@ -217,11 +220,18 @@ def _copy_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[Memory
                     )
                 )
             case "engine" if ds.zero_stage == 3:
+                why = ", gathered for sampling, released before the update"
+                if config.sampler.backend == "vllm":
+                    bucket = config.sampler.vllm_push_bucket_mb
+                    why = (
+                        f", gathered for a checkpoint's policy/ (each push into vLLM: ≤ max({bucket:g} MiB,"
+                        f" V·h {_m(shape.embedding_params)} × {w} B))"
+                    )
                 rows.append(
                     MemoryRow(
                         name="zero3 gathered weights",
                         nbytes=base,
-                        formula=base_formula + ", gathered for sampling, released before the update",
+                        formula=base_formula + why,
                         phase="sampling",
                     )
                 )

@@ -216,6 +216,7 @@ class DeepSpeedBackend:
         self.replica_stale = replica is not None
         self.gathered: GatheredWeights | None = None
         self.pushed_by_bucket = replica is None and self.zero_stage == 3 and config.sampler.backend == "vllm"
+        self._push_gather = ZeroParameters() if self.pushed_by_bucket else None
         if replica is None and self.zero_stage == 3:
             self.gathered = GatheredWeights(self.engine)
             if not self.pushed_by_bucket:
@@ -287,7 +288,7 @@ class DeepSpeedBackend:
 
     def weight_gather(self) -> ParameterGather | None:
         """ZeRO-3 with vLLM: the push's per-bucket gather (`ZeroParameters`); None: the weights are full."""
-        return ZeroParameters() if self.pushed_by_bucket else None
+        return self._push_gather
 
     def publish(self) -> None:
         """Make the trained weights the samplers' (collective).
