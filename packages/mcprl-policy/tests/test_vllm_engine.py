@@ -15,6 +15,7 @@ from test_vllm_sampler import ENGINE, HAVE_VLLM, _assert_same, _hf_greedy, _pert
 
 from mcprl_policy import LoraSettings, Policy, SamplerError, SamplingParams
 from mcprl_policy.vllm_engine import check_sleep_mode
+from mcprl_policy.weight_push import LocalParameters
 
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (run scripts/test-vllm-cpu.sh)")
 
@@ -134,3 +135,39 @@ def test_a_policy_saved_with_its_value_head_serves_from_vllm(tiny_dir: Path, tmp
         "full/saved_with_value_head", _hf_greedy(policy, prompts), anyio.run(_sample_all, sampler, prompts)
     )
     sampler.close()
+
+
+class _PartitionedParameters(LocalParameters):
+    """Stands in for ZeRO-3's collective gather (`mcprl_train.parallel.gathered.ZeroParameters` needs a DeepSpeed
+    engine; the real one is exercised in mcprl-train's test_ds_push.py): only its ``collective`` matters here."""
+
+    @property
+    def collective(self) -> bool:
+        return True
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_lora_adapters_from_partitioned_parameters_are_refused_naming_the_merged_push(tiny_dir: Path) -> None:
+    from mcprl_policy.vllm_sampler import VLLMSampler
+
+    policy = Policy.from_pretrained(str(tiny_dir), value_head=False, lora=LoraSettings(r=8, alpha=16))
+    with pytest.raises(SamplerError, match=r"partitioned \(a collective gather\): push the merged weights"):
+        VLLMSampler(policy, engine_kwargs=ENGINE, share_engine=False, weight_gather=_PartitionedParameters())
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_a_second_sampler_asking_the_shared_engine_for_another_gather_is_refused(tiny_dir: Path) -> None:
+    from mcprl_policy.vllm_sampler import VLLMSampler
+
+    policy = Policy.from_pretrained(str(tiny_dir), value_head=False)
+    first = VLLMSampler(policy, engine_kwargs=ENGINE)
+    try:
+        with pytest.raises(SamplerError, match="another parameter gather or push bucket"):
+            VLLMSampler(policy, engine_kwargs=ENGINE, push_bucket_bytes=1024)
+        with pytest.raises(SamplerError, match="another parameter gather or push bucket"):
+            VLLMSampler(policy, engine_kwargs=ENGINE, weight_gather=LocalParameters())
+        assert VLLMSampler(policy, engine_kwargs=ENGINE).llm is first.llm
+    finally:
+        first.close()
