@@ -38,7 +38,7 @@ from mcprl_train.loop.samples import Sample
 from mcprl_train.loop.update import adamw
 from mcprl_train.parallel.deepspeed import deepspeed_config, init_distributed, require_deepspeed
 from mcprl_train.parallel.ds_backend import DeepSpeedBackend, deepspeed_backend
-from mcprl_train.parallel.gathered import GatheredWeights, ZeroParameters
+from mcprl_train.parallel.gathered import ZeroParameters
 
 BUDGET = 512 * 1024  # bytes: above the tiny model's largest tensor (464 KiB in fp32), ~1/6 of its 2.8 MiB
 ENGINE = {"max_model_len": 256, "enforce_eager": True, "max_num_seqs": 8}
@@ -196,9 +196,7 @@ def _same(
     return a[0].keys() == b[0].keys() and all(torch.equal(a[0][k], b[0][k]) for k in a[0]) and a[1] == b[1]
 
 
-def _vllm_report(
-    model: nn.Module, policy: Policy, lora: bool, gathered: GatheredWeights | None
-) -> dict[str, Any]:
+def _vllm_report(model: nn.Module, policy: Policy, lora: bool) -> dict[str, Any]:
     from mcprl_policy import SamplingParams
     from mcprl_policy.vllm_sampler import VLLMSampler
 
@@ -232,7 +230,6 @@ def _vllm_report(
     second = full_gather()
     _scramble(sampler, reference, seed=2)
     third = per_bucket()
-    del gathered
     # On CPU vLLM packs each linear layer's weight for its GEMM and leaves an empty parameter: only the
     # embedding and the norms are readable; the logprobs cover the rest.
     pushed = {n for n, _ in reference} & set(first[0])
@@ -264,11 +261,11 @@ def main(mode: str, out_dir: str) -> None:
             report["lora"] = _stream_report(policy.model, lora=True)
             del engine
         case "vllm":
-            backend, policy = _full_model()
-            report["full"] = _vllm_report(policy.model, policy, lora=False, gathered=backend.gathered)
+            _, policy = _full_model()
+            report["full"] = _vllm_report(policy.model, policy, lora=False)
         case "vllm-lora":
             _, policy = _lora_model()
-            report["lora"] = _vllm_report(policy.model, policy, lora=True, gathered=None)
+            report["lora"] = _vllm_report(policy.model, policy, lora=True)
         case _:
             raise SystemExit(f"unknown mode {mode!r}")
     torch.distributed.barrier()  # pyright: ignore[reportUnknownMemberType]

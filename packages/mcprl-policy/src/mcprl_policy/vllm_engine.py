@@ -14,11 +14,6 @@ push collective, so such an engine pushes only when told to, never lazily before
 vLLM's prefix cache holding KV blocks computed by the old weights, so the cache is reset after it (a new adapter
 id already keys the cache apart).
 
-vLLM's in-place reload, not TRL's direct ``model.load_weights``: on CPU, vLLM packs each linear layer's weight
-for its GEMM kernel after loading and leaves an empty ``weight`` behind (``dispatch_cpu_unquantized_gemm``), so
-a direct load has nothing to write into; ``reload_weights`` puts the layers back in checkpoint format, loads
-them layer by layer (holding a layer's loaded tensors until the layer is complete) and repacks. On CUDA the
-unquantized weight is used as loaded and both ways work; one way is kept for both.
 
 A sync happens on demand and, lazily, before requests that would otherwise read stale weights: the engine
 fingerprints the policy's tensors by their autograd version counters, which every in-place update (optimizer

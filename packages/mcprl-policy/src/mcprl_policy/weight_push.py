@@ -9,6 +9,14 @@ of a push is one bucket (``bucket_bytes``, or one tensor larger than that), not 
 way, ``GatheredParameters([param])`` then ``load_weights([(name, param.data)])`` per parameter
 (trl/trainer/grpo_trainer.py, ``_move_model_to_vllm``).
 
+The stream goes to vLLM's in-place reload (`mcprl_policy.vllm_engine`), not to TRL's direct
+``model.load_weights``: on CPU vLLM packs each linear layer's weight for its GEMM kernel after loading and leaves
+an empty ``weight`` behind (``dispatch_cpu_unquantized_gemm``), so a direct load has nothing to write into;
+``reload_weights`` puts the layers back in checkpoint format, loads them and repacks. It holds a layer's loaded
+tensors until the layer is complete (q, k and v for the fused qkv), so a push's transient is one bucket plus the
+unfinished layer's tensors from the bucket before. On CUDA the unquantized weight is used as loaded and both
+ways work; one way is kept for both.
+
 A LoRA policy can be pushed merged (`merged_lora_weights`): each LoRA layer's base weight plus its adapter's
 ``ΔW = scaling · B A`` (peft's ``LoraLayer.get_delta_weight``), computed out of place so the base stays as it was
 (peft's ``merge_adapter`` adds the same delta in place and ``unmerge_adapter`` subtracts it, which rounds the
@@ -146,8 +154,9 @@ def vllm_name(peft_name: str) -> str | None:
 
     ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight`` →
     ``model.layers.0.self_attn.q_proj.weight``; ``...modules_to_save.default.weight`` → ``....weight``;
-    ``lora_A``/``lora_B``/``lora_embedding_*`` and ``original_module`` copies → None (TRL's
-    ``_fix_param_name_to_vllm`` and its filters).
+    ``lora_A``/``lora_B``/``lora_embedding_*`` and ``original_module`` copies → None (the PEFT branch of TRL's
+    ``_move_model_to_vllm``: the prefix and ``.base_layer`` removed, the adapter's and ``original_module``'s
+    tensors skipped, ``_fix_param_name_to_vllm`` with ``modules_to_save.default.``).
     """
     parts = peft_name.removeprefix(_PEFT_PREFIX).split(".")
     if any(p.startswith("lora_") or p == "original_module" for p in parts):
