@@ -196,7 +196,13 @@ def _same(
     return a[0].keys() == b[0].keys() and all(torch.equal(a[0][k], b[0][k]) for k in a[0]) and a[1] == b[1]
 
 
-def _vllm_report(model: nn.Module, policy: Policy, lora: bool) -> dict[str, Any]:
+def _vllm_report(
+    model: nn.Module,
+    policy: Policy,
+    lora: bool,
+    backend: DeepSpeedBackend | None = None,
+    out: Path | None = None,
+) -> dict[str, Any]:
     from mcprl_policy import SamplingParams
     from mcprl_policy.vllm_sampler import VLLMSampler
 
@@ -233,7 +239,9 @@ def _vllm_report(model: nn.Module, policy: Policy, lora: bool) -> dict[str, Any]
     # On CPU vLLM packs each linear layer's weight for its GEMM and leaves an empty parameter: only the
     # embedding and the norms are readable; the logprobs cover the rest.
     pushed = {n for n, _ in reference} & set(first[0])
+    after = _push_after_checkpoint(backend, sampler, out / "checkpoints") if backend and out else {}
     return {
+        "after_checkpoint": after,
         "packed_empty": sum(1 for _, t in _vllm_model(sampler).named_parameters() if t.numel() == 0),
         "bucket_then_full": _same(first, second),
         "full_then_bucket": _same(second, third),
@@ -250,6 +258,19 @@ def _vllm_report(model: nn.Module, policy: Policy, lora: bool) -> dict[str, Any]
     }
 
 
+def _push_after_checkpoint(backend: DeepSpeedBackend, sampler: Any, root: Path) -> dict[str, bool]:
+    """A checkpoint leaves the whole model gathered (for its policy/); the next publish and push must still work."""
+    assert backend.gathered is not None
+    backend.save_partitions(root)
+    full_after_save = backend.gathered.full
+    backend.publish()
+    return {
+        "full_after_save": full_after_save,
+        "full_after_publish": backend.gathered.full,
+        "pushed": bool(sampler.sync_weights(force=True)),
+    }
+
+
 def main(mode: str, out_dir: str) -> None:
     rank, _ = init_distributed()
     report: dict[str, Any] = {"rank": rank, "budget": BUDGET}
@@ -261,8 +282,10 @@ def main(mode: str, out_dir: str) -> None:
             report["lora"] = _stream_report(policy.model, lora=True)
             del engine
         case "vllm":
-            _, policy = _full_model()
-            report["full"] = _vllm_report(policy.model, policy, lora=False)
+            backend, policy = _full_model()
+            report["full"] = _vllm_report(
+                policy.model, policy, lora=False, backend=backend, out=Path(out_dir)
+            )
         case "vllm-lora":
             _, policy = _lora_model()
             report["lora"] = _vllm_report(policy.model, policy, lora=True)

@@ -97,3 +97,11 @@ def test_each_ranks_engine_holds_the_same_weights_after_a_per_bucket_and_a_full_
         # Three per-bucket pushes (the sampler's first sync and two more), each within the budget.
         assert max(got["buckets"]) <= report["budget"]
         assert len(got["buckets"]) >= 3 * 6
+        if kind == "full":
+            # A checkpoint gathers the whole model for its policy/; the next publish releases it, so the push's
+            # per-bucket gathers do not nest inside it (DeepSpeed refuses that).
+            assert got["after_checkpoint"] == {
+                "full_after_save": True,
+                "full_after_publish": False,
+                "pushed": True,
+            }

@@ -294,10 +294,13 @@ class DeepSpeedBackend:
         """Make the trained weights the samplers' (collective).
 
         ``engine`` sampling: ZeRO-3 gathers every parameter to full size (a no-op when they still are), except
-        with vLLM, whose push gathers per bucket; ZeRO 0-2 have nothing to do. ``replica``: gather every engine
-        parameter and load it into the replica (once per optimizer step).
+        with vLLM, whose push gathers per bucket: what a checkpoint left gathered is released first (DeepSpeed
+        refuses to gather a parameter an outer context holds); ZeRO 0-2 have nothing to do. ``replica``: gather
+        every engine parameter and load it into the replica (once per optimizer step).
         """
-        if self.gathered is not None and not self.pushed_by_bucket:
+        if self.pushed_by_bucket:
+            self._release()
+        elif self.gathered is not None:
             self.gathered.gather()
         if self.replica is None or not self.replica_stale:
             return
