@@ -275,3 +275,15 @@ def test_the_hf_sampler_reports_the_prompt_tokens_it_did_not_prefill_again(tiny_
     metrics = sampler.metrics()
     assert metrics["sampler/prefill_tokens"] == len(prompt)
     assert metrics["sampler/shared_prefill_tokens"] == (group - 1) * len(prompt)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_each_request_of_a_group_continues_as_an_engine_running_it_alone(tiny_dir: Path) -> None:
+    policy = Policy.from_pretrained(str(tiny_dir), device="cuda", value_head=False)
+    model: Model = (policy.model.eval(), policy.tokenizer)
+    engine = _engine(model, "pool")
+    first = _requests(model[1])
+    _run(engine, first)
+    assert engine.stats.shared_rows == 4
+    _assert_as_alone(model, "pool", first)
