@@ -40,6 +40,7 @@ from mcprl_policy.config import DecodeForward, SamplingParams
 from mcprl_policy.fingerprint import weights_fingerprint
 from mcprl_policy.kv_pool import KVPool
 from mcprl_policy.lean_decode import LeanDecoder, resolve_decode_forward
+from mcprl_policy.prefill_batch import after_prefixes, prompt_token_mask, whole_prompts
 from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache
 from mcprl_policy.shared_prefill import Prefilled, SharedPrompts, fan_out
 from mcprl_policy.token_choice import TokenChooser
@@ -267,68 +268,45 @@ class DecodeEngine:
 
     def _prefill(self, new: list[DecodeRequest], shared: SharedPrompts, device: torch.device) -> _State:
         """Prefill whole prompts (left-padded) and sample the first token of each request sharing them."""
-        width = max(len(r.prompt_ids) for r in new)
-        # Rows are padded in Python and copied to the device once (one host-to-device transfer per prefill).
-        pads = [width - len(r.prompt_ids) for r in new]
-        ids = torch.tensor(
-            [[self.pad_token_id] * k + r.prompt_ids for k, r in zip(pads, new, strict=True)],
-            dtype=torch.long,
-            device=device,
-        )
-        mask = torch.tensor([[0] * k + [1] * (width - k) for k in pads], dtype=torch.long, device=device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        prompts = [r.prompt_ids for r in new]
+        batch = whole_prompts(prompts, pad_token_id=self.pad_token_id, device=device)
         out = self._forward(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
+            input_ids=batch.ids,
+            attention_mask=batch.mask,
+            position_ids=batch.positions,
             past_key_values=DynamicCache(config=getattr(self.model, "config", None)),
         )
-        seen = None
-        if self.params.repetition_penalty != 1.0:
-            seen = torch.zeros(len(new), out.logits.shape[-1], dtype=torch.bool, device=device)
-            # A pad is no token of the prompt: mark the row's last token in its place.
-            seen.scatter_(1, torch.where(mask.bool(), ids, ids[:, -1:]), True)
-        prefilled = Prefilled(cache=out.past_key_values, mask=mask, logits=out.logits[:, -1], seen=seen)
-        return self._started(new, [len(r.prompt_ids) for r in new], shared, prefilled)
+        return self._started(
+            new, [len(p) for p in prompts], shared, self._prefilled(prompts, out, batch.mask)
+        )
 
     def _prefill_cached(
         self, hits: list[tuple[DecodeRequest, CachedPrefix]], shared: SharedPrompts, device: torch.device
     ) -> _State:
-        """Prefill only what follows each row's cached prefix.
-
-        Row layout: ``[pad | cached prefix | pad | new tokens]``, both parts left-padded, so every row's last
-        prompt token sits in the last column; the mask hides the pads and positions continue the prefix.
-        """
+        """Prefill only what follows each row's cached prefix (`mcprl_policy.prefill_batch.after_prefixes`)."""
         rows = [r for r, _ in hits]
-        cached = max(p.length for _, p in hits)
-        tails = [r.prompt_ids[p.length :] for r, p in hits]
-        width = max(len(t) for t in tails)
-        ids_rows: list[list[int]] = []
-        mask_rows: list[list[int]] = []
-        position_rows: list[list[int]] = []
-        for (_, prefix), tail in zip(hits, tails, strict=True):
-            pad = width - len(tail)
-            ids_rows.append([self.pad_token_id] * pad + tail)
-            mask_rows.append(
-                [0] * (cached - prefix.length) + [1] * prefix.length + [0] * pad + [1] * len(tail)
-            )
-            position_rows.append([0] * pad + list(range(prefix.length, prefix.length + len(tail))))
-        ids = torch.tensor(ids_rows, dtype=torch.long, device=device)
-        mask = torch.tensor(mask_rows, dtype=torch.long, device=device)
-        positions = torch.tensor(position_rows, dtype=torch.long, device=device)
-        cache = cache_from_rows(self.model, [p.layers for _, p in hits], width=cached, device=device)
-        out = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
+        prompts = [r.prompt_ids for r in rows]
+        prefixes = [p.length for _, p in hits]
+        batch = after_prefixes(prompts, prefixes, pad_token_id=self.pad_token_id, device=device)
+        cache = cache_from_rows(self.model, [p.layers for _, p in hits], width=max(prefixes), device=device)
+        out = self._forward(
+            input_ids=batch.ids,
+            attention_mask=batch.mask,
+            position_ids=batch.positions,
+            past_key_values=cache,
+        )
+        tails = [len(p) - n for p, n in zip(prompts, prefixes, strict=True)]
+        state = self._started(rows, tails, shared, self._prefilled(prompts, out, batch.mask))
+        self.stats.prefix_hits += len(state.leaders)
+        self.stats.prefix_tokens += sum(prefixes[i] for i in state.leaders)
+        return state
+
+    def _prefilled(self, prompts: list[list[int]], out: Any, mask: torch.Tensor) -> Prefilled:
+        logits = out.logits[:, -1]
         seen = None
         if self.params.repetition_penalty != 1.0:
-            seen = torch.zeros(len(hits), out.logits.shape[-1], dtype=torch.bool, device=device)
-            for i, request in enumerate(rows):
-                seen[i, torch.tensor(request.prompt_ids, device=device)] = True
-        prefilled = Prefilled(cache=out.past_key_values, mask=mask, logits=out.logits[:, -1], seen=seen)
-        state = self._started(rows, [len(t) for t in tails], shared, prefilled)
-        prefix = [hits[i][1].length for i in state.leaders]
-        self.stats.prefix_hits += len(prefix)
-        self.stats.prefix_tokens += sum(prefix)
-        return state
+            seen = prompt_token_mask(prompts, vocab=int(logits.shape[-1]), device=logits.device)
+        return Prefilled(cache=out.past_key_values, mask=mask, logits=logits, seen=seen)
 
     def _started(
         self, leaders: list[DecodeRequest], tokens: list[int], shared: SharedPrompts, prefilled: Prefilled
