@@ -10,8 +10,8 @@ finished, so the async side can hand results out while generation of the others 
 cache (`mcprl_policy.prefix_cache`), a prompt that extends an earlier request's prompt and completion (the
 next turn of an episode) prefills only its new tokens. Requests admitted together with identical prompts (the G
 episodes of a group) are prefilled once and each gets its own copy of the result (`mcprl_policy.shared_prefill`).
-Full-attention and linear-attention (Qwen3.5) layers
-are batched row by row (`mcprl_policy.cache_rows`); other cache layers are refused when the engine is built.
+Full-attention and linear-attention (Qwen3.5) layers are batched row by row (`mcprl_policy.cache_rows`); other
+cache layers are refused when the engine is built.
 """
 
 from __future__ import annotations
