@@ -139,12 +139,13 @@ def instrument() -> None:
         return list(out)
 
     def admit_step(self: DecodeEngine, new: list[object], device: torch.device) -> list[object]:
-        before = self.stats.prefill_tokens
+        before, shared = self.stats.prefill_tokens, self.stats.shared_tokens
         w, c = time.perf_counter(), time.process_time()
         out = admit(self, new, device)  # pyright: ignore[reportArgumentType]
         METER.add(
             "prefill", time.perf_counter() - w, time.process_time() - c, self.stats.prefill_tokens - before
         )
+        METER.add("shared_prefill", 0.0, 0.0, self.stats.shared_tokens - shared)
         return list(out)
 
     DecodeEngine._decode_step = decode_step  # pyright: ignore[reportAttributeAccessIssue]
@@ -518,6 +519,7 @@ def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: st
 
     decode = mean_phase("collect_phases", "decode")
     prefill = mean_phase("collect_phases", "prefill")
+    shared = mean_phase("collect_phases", "shared_prefill")
     engine = mean_phase("collect_phases", "engine")
     tools = mean_phase("collect_phases", "tools")
     forward = mean_phase("learn_phases", "forward")
@@ -580,7 +582,7 @@ def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: st
             "  prefill (+ cache gather, merge)",
             prefill.wall,
             prefill.cpu,
-            f"{prefill.tokens} tokens",
+            f"{prefill.tokens} tokens (and {shared.tokens} copied from an identical prompt's prefill)",
             2 * n_matmul * prefill.tokens / (g_prefill * 1e9),
         ),
         fmt_row(

@@ -74,14 +74,18 @@ def drain(engine: DecodeEngine, requests: list[DecodeRequest], *, waves: int) ->
 def mixed_workload(
     engine: DecodeEngine, tokenizer: PreTrainedTokenizerBase, *, seeded: bool
 ) -> list[DecodeRequest]:
-    """Twelve first turns (2-30 new tokens), then a next turn for each (prefix-cache hits), staggered."""
+    """Fifteen first turns (2-30 new tokens), then a next turn for each (prefix-cache hits), staggered.
+
+    The first three first turns share one prompt and are admitted together (one prefill for the three), and two
+    copies of the last next turn are admitted with it (one prefill after a shared cached prefix).
+    """
     first = [
         DecodeRequest(
-            prompt_ids=prompt_ids(tokenizer, i),
-            max_new_tokens=(2, 9, 30, 5, 17, 3, 24, 11, 7, 20, 4, 13)[i],
+            prompt_ids=prompt_ids(tokenizer, max(i - 2, 0)),
+            max_new_tokens=(2, 9, 30, 5, 17, 3, 24, 11, 7, 20, 4, 13, 6, 15, 9)[i],
             seed=1000 + i if seeded and i % 3 else None,
         )
-        for i in range(12)
+        for i in range(15)
     ]
     drain(engine, first, waves=4)
     second = [
@@ -91,6 +95,12 @@ def mixed_workload(
             seed=2000 + i if seeded and i % 2 else None,
         )
         for i, r in enumerate(first)
+    ]
+    second += [
+        DecodeRequest(
+            prompt_ids=second[-1].prompt_ids, max_new_tokens=n, seed=3000 + n if seeded and n % 2 else None
+        )
+        for n in (4, 11)
     ]
     drain(engine, second[::-1], waves=3)
     return first + second

@@ -78,6 +78,11 @@ def test_the_pool_gives_the_concatenating_caches_tokens_and_logprobs_bit_for_bit
         assert new.finish_reason == old.finish_reason
     stats = engines["pool"].stats
     assert attrs.evolve(stats, kv_layout="concat") == engines["concat"].stats
+    # The workload's shared prompts took one prefill each, and every prompt token is counted once.
+    assert stats.shared_rows == 4
+    assert stats.prefill_tokens + stats.prefix_tokens + stats.shared_tokens == sum(
+        len(r.prompt_ids) for r in runs["pool"]
+    )
     assert (stats.kv_layout, engines["concat"].stats.kv_layout) == ("pool", "concat")
     assert stats.prefix_hits > 0
     assert stats.max_rows == 5

@@ -8,8 +8,10 @@ waiting requests between steps (their prompts are prefilled as one batch and the
 the running cache, aligned on their last token), drops finished or cancelled rows, and returns as soon as at least one request has
 finished, so the async side can hand results out while generation of the others continues. With a prefix
 cache (`mcprl_policy.prefix_cache`), a prompt that extends an earlier request's prompt and completion (the
-next turn of an episode) prefills only its new tokens. Full-attention and linear-attention (Qwen3.5) layers
-are batched row by row (`mcprl_policy.cache_rows`); other cache layers are refused when the engine is built.
+next turn of an episode) prefills only its new tokens. Requests admitted together with identical prompts (the G
+episodes of a group) are prefilled once and each gets its own copy of the result (`mcprl_policy.shared_prefill`).
+Full-attention and linear-attention (Qwen3.5) layers are batched row by row (`mcprl_policy.cache_rows`); other
+cache layers are refused when the engine is built.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ from mcprl_policy.config import DecodeForward, SamplingParams
 from mcprl_policy.fingerprint import weights_fingerprint
 from mcprl_policy.kv_pool import KVPool
 from mcprl_policy.lean_decode import LeanDecoder, resolve_decode_forward
+from mcprl_policy.prefill_batch import after_prefixes, prompt_token_mask, whole_prompts
 from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache
+from mcprl_policy.shared_prefill import Prefilled, SharedPrompts, fan_out
 from mcprl_policy.token_choice import TokenChooser
 
 __all__ = ["DecodeEngine", "DecodeRequest", "DecodeStats"]
@@ -71,7 +75,12 @@ class DecodeRequest:
 @attrs.define(kw_only=True)
 class DecodeStats:
     """Counters of the engine's forward passes, the running rows' cache layout (``pool`` or ``concat``) and the
-    decode step's forward (``lean`` or ``model``; not compared: both compute the same bits and counts)."""
+    decode step's forward (``lean`` or ``model``; not compared: both compute the same bits and counts).
+
+    Every admitted prompt token is counted once: prefilled (``prefill_tokens``), resumed from the prefix cache
+    (``prefix_tokens``), or copied from an identical prompt admitted with it (``shared_tokens``, over
+    ``shared_rows`` requests that were not prefilled themselves).
+    """
 
     kv_layout: str = ""
     decode_forward: str = attrs.field(default="", eq=False)
@@ -83,6 +92,8 @@ class DecodeStats:
     max_rows: int = 0
     prefix_hits: int = 0
     prefix_tokens: int = 0
+    shared_rows: int = 0
+    shared_tokens: int = 0
 
 
 class DecodeEngine:
@@ -227,19 +238,21 @@ class DecodeEngine:
         return self.model(use_cache=True, logits_to_keep=1, **kwargs)
 
     def _admit(self, new: list[DecodeRequest], device: torch.device) -> list[DecodeRequest]:
-        """Prefill ``new`` prompts, sample their first token, merge them into the running rows."""
+        """Prefill ``new`` prompts (each distinct prompt once), sample their first token, merge them into the
+        running rows."""
+        shared = SharedPrompts(new)
         fresh: list[DecodeRequest] = []
         cached: list[tuple[DecodeRequest, CachedPrefix]] = []
-        for request in new:
+        for request in shared.leaders:
             hit = self.prefix.lookup(request.prompt_ids) if self.prefix.max_bytes else None
             if hit is None:
                 fresh.append(request)
             else:
                 cached.append((request, hit))
         if fresh:
-            self._merge(self._prefill(fresh, device))
+            self._merge(self._prefill(fresh, shared, device))
         for group in self._cached_groups(cached):
-            self._merge(self._prefill_cached(group, device))
+            self._merge(self._prefill_cached(group, shared, device))
         return self._finish_rows()
 
     def _cached_groups(
@@ -253,77 +266,69 @@ class DecodeEngine:
             groups.setdefault(len(request.prompt_ids) - prefix.length, []).append((request, prefix))
         return list(groups.values())
 
-    def _prefill(self, new: list[DecodeRequest], device: torch.device) -> _State:
-        """Prefill whole prompts (left-padded) and sample each row's first token."""
-        width = max(len(r.prompt_ids) for r in new)
-        # Rows are padded in Python and copied to the device once (one host-to-device transfer per prefill).
-        pads = [width - len(r.prompt_ids) for r in new]
-        ids = torch.tensor(
-            [[self.pad_token_id] * k + r.prompt_ids for k, r in zip(pads, new, strict=True)],
-            dtype=torch.long,
-            device=device,
-        )
-        mask = torch.tensor([[0] * k + [1] * (width - k) for k in pads], dtype=torch.long, device=device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    def _prefill(self, new: list[DecodeRequest], shared: SharedPrompts, device: torch.device) -> _State:
+        """Prefill whole prompts (left-padded) and sample the first token of each request sharing them."""
+        prompts = [r.prompt_ids for r in new]
+        batch = whole_prompts(prompts, pad_token_id=self.pad_token_id, device=device)
         out = self._forward(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
+            input_ids=batch.ids,
+            attention_mask=batch.mask,
+            position_ids=batch.positions,
             past_key_values=DynamicCache(config=getattr(self.model, "config", None)),
         )
-        self.stats.prefill_calls += 1
-        self.stats.prefill_rows += len(new)
-        self.stats.prefill_tokens += sum(len(r.prompt_ids) for r in new)
-        seen = None
-        if self.params.repetition_penalty != 1.0:
-            seen = torch.zeros(len(new), out.logits.shape[-1], dtype=torch.bool, device=device)
-            seen.scatter_(1, ids, True)
-        return self._started(new, out, mask, seen)
+        return self._started(
+            new, [len(p) for p in prompts], shared, self._prefilled(prompts, out, batch.mask)
+        )
 
-    def _prefill_cached(self, hits: list[tuple[DecodeRequest, CachedPrefix]], device: torch.device) -> _State:
-        """Prefill only what follows each row's cached prefix.
-
-        Row layout: ``[pad | cached prefix | pad | new tokens]``, both parts left-padded, so every row's last
-        prompt token sits in the last column; the mask hides the pads and positions continue the prefix.
-        """
+    def _prefill_cached(
+        self, hits: list[tuple[DecodeRequest, CachedPrefix]], shared: SharedPrompts, device: torch.device
+    ) -> _State:
+        """Prefill only what follows each row's cached prefix (`mcprl_policy.prefill_batch.after_prefixes`)."""
         rows = [r for r, _ in hits]
-        cached = max(p.length for _, p in hits)
-        tails = [r.prompt_ids[p.length :] for r, p in hits]
-        width = max(len(t) for t in tails)
-        ids_rows: list[list[int]] = []
-        mask_rows: list[list[int]] = []
-        position_rows: list[list[int]] = []
-        for (_, prefix), tail in zip(hits, tails, strict=True):
-            pad = width - len(tail)
-            ids_rows.append([self.pad_token_id] * pad + tail)
-            mask_rows.append(
-                [0] * (cached - prefix.length) + [1] * prefix.length + [0] * pad + [1] * len(tail)
-            )
-            position_rows.append([0] * pad + list(range(prefix.length, prefix.length + len(tail))))
-        ids = torch.tensor(ids_rows, dtype=torch.long, device=device)
-        mask = torch.tensor(mask_rows, dtype=torch.long, device=device)
-        positions = torch.tensor(position_rows, dtype=torch.long, device=device)
-        cache = cache_from_rows(self.model, [p.layers for _, p in hits], width=cached, device=device)
-        out = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
-        self.stats.prefill_calls += 1
-        self.stats.prefill_rows += len(hits)
-        self.stats.prefill_tokens += sum(len(t) for t in tails)
-        self.stats.prefix_hits += len(hits)
-        self.stats.prefix_tokens += sum(p.length for _, p in hits)
+        prompts = [r.prompt_ids for r in rows]
+        prefixes = [p.length for _, p in hits]
+        batch = after_prefixes(prompts, prefixes, pad_token_id=self.pad_token_id, device=device)
+        cache = cache_from_rows(self.model, [p.layers for _, p in hits], width=max(prefixes), device=device)
+        out = self._forward(
+            input_ids=batch.ids,
+            attention_mask=batch.mask,
+            position_ids=batch.positions,
+            past_key_values=cache,
+        )
+        tails = [len(p) - n for p, n in zip(prompts, prefixes, strict=True)]
+        state = self._started(rows, tails, shared, self._prefilled(prompts, out, batch.mask))
+        self.stats.prefix_hits += len(state.leaders)
+        self.stats.prefix_tokens += sum(prefixes[i] for i in state.leaders)
+        return state
+
+    def _prefilled(self, prompts: list[list[int]], out: Any, mask: torch.Tensor) -> Prefilled:
+        logits = out.logits[:, -1]
         seen = None
         if self.params.repetition_penalty != 1.0:
-            seen = torch.zeros(len(hits), out.logits.shape[-1], dtype=torch.bool, device=device)
-            for i, request in enumerate(rows):
-                seen[i, torch.tensor(request.prompt_ids, device=device)] = True
-        return self._started(rows, out, mask, seen)
+            seen = prompt_token_mask(prompts, vocab=int(logits.shape[-1]), device=logits.device)
+        return Prefilled(cache=out.past_key_values, mask=mask, logits=logits, seen=seen)
 
     def _started(
-        self, rows: list[DecodeRequest], out: Any, mask: torch.Tensor, seen: torch.Tensor | None
+        self, leaders: list[DecodeRequest], tokens: list[int], shared: SharedPrompts, prefilled: Prefilled
     ) -> _State:
-        """Sample each prefilled row's first token; the rows' state, ready to merge into the batch."""
-        tokens = self.chooser.choose(out.logits[:, -1], rows, seen)
+        """Give every request sharing a prompt with ``leaders`` (``tokens`` prefilled each) its copy of its
+        leader's prefilled state and sample its first token; the rows' state, ready to merge into the batch."""
+        rows, index = shared.rows(leaders)
+        self.stats.prefill_calls += 1
+        self.stats.prefill_rows += len(leaders)
+        self.stats.prefill_tokens += sum(tokens)
+        self.stats.shared_rows += len(rows) - len(leaders)
+        self.stats.shared_tokens += sum(tokens[i] for i in index) - sum(tokens)
+        state = fan_out(prefilled, index)
+        first = self.chooser.choose(state.logits, rows, state.seen)
         return _State(
-            rows=rows, cache=out.past_key_values, mask=mask, positions=mask.sum(-1), last=tokens, seen=seen
+            rows=rows,
+            leaders=index,
+            cache=state.cache,
+            mask=state.mask,
+            positions=state.mask.sum(-1),
+            last=first,
+            seen=state.seen,
         )
 
     def _decode_step(self, device: torch.device) -> list[DecodeRequest]:
@@ -395,6 +400,7 @@ class DecodeEngine:
 @attrs.define(kw_only=True)
 class _State:
     rows: list[DecodeRequest]
+    leaders: list[int]  # per row: the index of the prefilled row it was copied from
     cache: DynamicCache
     mask: torch.Tensor
     positions: torch.Tensor

@@ -92,7 +92,8 @@ class HFSampler:
         return False
 
     def metrics(self) -> dict[str, float]:
-        """Counters of the decode engine (forward passes, rows per pass, prefill tokens), and
+        """Counters of the decode engine (forward passes, rows per pass, prefill tokens, prompt tokens copied
+        from an identical prompt prefilled in the same admission instead of prefilled again), and
         ``sampler/kv_pool``: 1 when the running rows' cache is the preallocated pool, 0 when concatenated;
         ``sampler/lean_forward``: 1 when decode steps run the lean forward, 0 the model's."""
         s = self.engine.stats
@@ -100,6 +101,7 @@ class HFSampler:
             "sampler/prefill_calls": float(s.prefill_calls),
             "sampler/decode_calls": float(s.decode_calls),
             "sampler/prefill_tokens": float(s.prefill_tokens),
+            "sampler/shared_prefill_tokens": float(s.shared_tokens),
             "sampler/decode_rows_mean": s.decode_rows / s.decode_calls if s.decode_calls else 0.0,
             "sampler/prefill_rows_mean": s.prefill_rows / s.prefill_calls if s.prefill_calls else 0.0,
             "sampler/max_rows": float(s.max_rows),
