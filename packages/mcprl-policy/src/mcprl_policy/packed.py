@@ -31,6 +31,7 @@ __all__ = [
     "pack_sequences",
     "packed_forward",
     "packed_hidden_states",
+    "scored_positions",
     "token_logprobs_and_entropy",
 ]
 
@@ -70,8 +71,9 @@ class PackedForward:
 
     ``logprobs[i]`` is the log-probability of token ``i`` given the tokens before it in its sequence,
     ``entropies[i]`` the entropy of that predictive distribution, and ``values[i]`` the value head's output
-    on the same prefix (the state in which token ``i`` is chosen). The first token of every sequence has no
-    prefix: its entries are 0 and ``valid`` is False there.
+    on the same prefix (the state in which token ``i`` is chosen). ``valid`` marks the tokens computed: every
+    token but each sequence's first (it has no prefix), or of those only the ones a forward's ``needed`` mask
+    asked for (`scored_positions`); the entries of the others are 0.
     """
 
     logprobs: torch.Tensor
@@ -164,6 +166,31 @@ def token_logprobs_and_entropy(
     return torch.cat(logprobs), torch.cat(entropies)
 
 
+def scored_positions(has_prefix: torch.Tensor, needed: torch.Tensor | None) -> torch.Tensor:
+    """The flat indices of the tokens a training forward scores: those with a prefix, and of them the needed.
+
+    The output head, its softmax and their backward run once per scored token. A policy-gradient loss reads
+    only the action tokens (the rest are prompt, tool output and template: about 70 % of a multi-turn
+    episode's tokens), so a learner passes its action mask as ``needed`` and the head's work shrinks by that
+    much; the backbone still runs over every token (each is context for the next).
+
+    Args:
+        has_prefix: ``(N,)`` bool over the concatenated tokens, False at each sequence's first token.
+        needed: ``(N,)`` bool over the same tokens, or ``None`` for all of them.
+
+    Raises:
+        ValueError: ``needed`` is not a bool tensor of ``has_prefix``'s shape.
+    """
+    if needed is None:
+        return has_prefix.nonzero().squeeze(-1)
+    if needed.dtype != torch.bool or needed.shape != has_prefix.shape:
+        raise ValueError(
+            f"needed must be a bool mask of shape {tuple(has_prefix.shape)} (one entry per token), got "
+            f"{needed.dtype} {tuple(needed.shape)}"
+        )
+    return (has_prefix & needed.to(has_prefix.device)).nonzero().squeeze(-1)
+
+
 def check_token_ids(model: nn.Module, input_ids: torch.Tensor) -> None:
     """Refuse ids outside ``model``'s embedding table before the forward (torch would raise a bare IndexError).
 
@@ -187,10 +214,12 @@ def packed_forward(
     value_head: nn.Module | None = None,
     chunk_size: int = 1024,
     vocab_limit: int | None = None,
+    needed: torch.Tensor | None = None,
 ) -> PackedForward:
     """Run a causal LM (plain or peft-wrapped) once over packed ``sequences``; see `PackedForward`.
 
-    ``vocab_limit`` restricts the distribution to ids ``[0, vocab_limit)`` (see `token_logprobs_and_entropy`).
+    ``vocab_limit`` restricts the distribution to ids ``[0, vocab_limit)`` (see `token_logprobs_and_entropy`);
+    ``needed`` (``(N,)`` bool) scores only those tokens (`scored_positions`).
     """
     device = next(model.parameters()).device
     batch = pack_sequences(sequences, device=device)
@@ -198,11 +227,13 @@ def packed_forward(
     _, lm_head = backbone_and_head(model)
     n = hidden.shape[0]
     starts = batch.cu_seqlens[:-1].long()
-    valid = torch.ones(n, dtype=torch.bool, device=device)
-    valid[starts] = False
+    has_prefix = torch.ones(n, dtype=torch.bool, device=device)
+    has_prefix[starts] = False
     # Row i-1 predicts token i: the source rows are every row whose successor is in the same sequence.
-    target_idx = valid.nonzero().squeeze(-1)
+    target_idx = scored_positions(has_prefix, needed)
     source_idx = target_idx - 1
+    valid = torch.zeros(n, dtype=torch.bool, device=device)
+    valid[target_idx] = True
     lp, ent = token_logprobs_and_entropy(
         hidden[source_idx],
         lm_head,

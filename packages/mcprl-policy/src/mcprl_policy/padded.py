@@ -20,7 +20,13 @@ from typing import Literal, assert_never
 import torch
 from torch import nn
 
-from mcprl_policy.packed import PackedForward, backbone_and_head, check_token_ids, token_logprobs_and_entropy
+from mcprl_policy.packed import (
+    PackedForward,
+    backbone_and_head,
+    check_token_ids,
+    scored_positions,
+    token_logprobs_and_entropy,
+)
 from mcprl_policy.policy import Policy
 
 __all__ = ["Layout", "padded_forward", "padded_hidden_states", "policy_forward"]
@@ -35,6 +41,7 @@ def policy_forward(
     temperature: float,
     values: bool,
     layout: Layout,
+    needed: torch.Tensor | None = None,
 ) -> PackedForward:
     """Per-token logprobs, entropies (and values) of ``sequences`` in ``layout``, concatenated alike.
 
@@ -47,10 +54,12 @@ def policy_forward(
         temperature: divides the logits; must equal the sampler's so that ratios start at 1.
         values: also compute values (when the policy has a value head).
         layout: ``packed`` (one row, varlen attention) or ``padded`` (right-padded rows).
+        needed: ``(N,)`` bool over the concatenated tokens: score only these (`scored_positions`);
+            ``None`` scores every token that has a prefix.
     """
     match layout:
         case "packed":
-            return policy.forward_packed(sequences, temperature=temperature, values=values)
+            return policy.forward_packed(sequences, temperature=temperature, values=values, needed=needed)
         case "padded":
             return padded_forward(
                 policy.model,
@@ -60,6 +69,7 @@ def policy_forward(
                 chunk_size=policy.logits_chunk_size,
                 pad_token_id=int(policy.tokenizer.pad_token_id or 0),
                 vocab_limit=policy.vocab_limit,
+                needed=needed,
             )
         case _:
             assert_never(layout)
@@ -74,6 +84,7 @@ def padded_forward(
     chunk_size: int = 1024,
     pad_token_id: int = 0,
     vocab_limit: int | None = None,
+    needed: torch.Tensor | None = None,
 ) -> PackedForward:
     """`packed_forward`'s result computed over right-padded rows (see the module docstring).
 
@@ -85,14 +96,23 @@ def padded_forward(
         chunk_size: rows per logits chunk (see `token_logprobs_and_entropy`).
         pad_token_id: fills the rows past each sequence's end (masked out of attention).
         vocab_limit: normalise over ids ``[0, vocab_limit)`` only (see `token_logprobs_and_entropy`).
+        needed: ``(N,)`` bool over the concatenated tokens: score only these (`scored_positions`).
     """
     device = next(model.parameters()).device
     lens = [len(s) for s in sequences]
     ids, hidden = padded_hidden_states(model, sequences, pad_token_id=pad_token_id)
     _, lm_head = backbone_and_head(model)
-    # Row r, position t-1 predicts token t for 1 <= t < len_r.
-    rows = torch.cat([torch.full((n - 1,), r, device=device) for r, n in enumerate(lens)])
-    cols = torch.cat([torch.arange(1, n, device=device) for n in lens])
+    total = sum(lens)
+    starts = torch.tensor([0, *lens[:-1]], device=device).cumsum(0)
+    has_prefix = torch.ones(total, dtype=torch.bool, device=device)
+    has_prefix[starts] = False
+    flat_idx = scored_positions(has_prefix, needed)
+    # Flat token i is row r = seq_of[i], column t = i - starts[r]; position t-1 of that row predicts it.
+    seq_of = torch.repeat_interleave(
+        torch.arange(len(lens), device=device), torch.tensor(lens, device=device)
+    )
+    rows = seq_of[flat_idx]
+    cols = flat_idx - starts[rows]
     source = hidden[rows, cols - 1]
     lp, ent = token_logprobs_and_entropy(
         source,
@@ -102,9 +122,6 @@ def padded_forward(
         chunk_size=chunk_size,
         vocab_limit=vocab_limit,
     )
-    starts = torch.tensor([0, *lens[:-1]], device=device).cumsum(0)
-    flat_idx = torch.cat([starts[r] + torch.arange(1, n, device=device) for r, n in enumerate(lens)])
-    total = sum(lens)
     logprobs = hidden.new_zeros(total, dtype=torch.float32).index_put((flat_idx,), lp)
     entropies = hidden.new_zeros(total, dtype=torch.float32).index_put((flat_idx,), ent)
     valid = torch.zeros(total, dtype=torch.bool, device=device)

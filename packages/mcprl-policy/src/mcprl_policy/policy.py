@@ -258,12 +258,18 @@ class Policy:
         return self.train(False)
 
     def forward_packed(
-        self, sequences: Sequence[Sequence[int]], temperature: float = 1.0, *, values: bool = True
+        self,
+        sequences: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        *,
+        values: bool = True,
+        needed: torch.Tensor | None = None,
     ) -> PackedForward:
         """Per-token logprobs, entropies and values of packed unpadded ``sequences`` (see `PackedForward`).
 
         Uses the live weights; runs under autograd unless called inside ``torch.no_grad()``. ``temperature``
-        must equal the sampler's so that ratios against its logprobs start at 1.
+        must equal the sampler's so that ratios against its logprobs start at 1. ``needed`` (``(N,)`` bool)
+        scores only those tokens (`mcprl_policy.packed.scored_positions`).
         """
         with self.autocast():
             return packed_forward(
@@ -273,6 +279,7 @@ class Policy:
                 value_head=self.value_head if values else None,
                 chunk_size=self.logits_chunk_size,
                 vocab_limit=self.vocab_limit,
+                needed=needed,
             )
 
     def save_pretrained(self, directory: str | Path) -> Path:

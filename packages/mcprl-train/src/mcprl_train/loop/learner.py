@@ -275,7 +275,12 @@ class Learner:
     # -- the update --------------------------------------------------------------------------------------
 
     def forward(self, m: MicroBatch) -> PackedForward:
-        return self.backend.forward(m.ids, temperature=self.temperature, values=self.needs_values)
+        """The policy's forward over ``m``, its action tokens scored (every token when values are trained:
+        GAE reads the value of every state)."""
+        needed = None if self.needs_values else m.mask
+        return self.backend.forward(
+            m.ids, temperature=self.temperature, values=self.needs_values, needed=needed
+        )
 
     def pack(self, samples: Sequence[Sample]) -> list[list[Sample]]:
         """Pack once per iteration: the recompute pass and every epoch see the same micro-batches.

@@ -51,9 +51,18 @@ class UpdateBackend(Protocol):
         ...
 
     def forward(
-        self, sequences: Sequence[Sequence[int]], *, temperature: float, values: bool
+        self,
+        sequences: Sequence[Sequence[int]],
+        *,
+        temperature: float,
+        values: bool,
+        needed: torch.Tensor | None = None,
     ) -> PackedForward:
-        """Per-token logprobs, entropies (and values) of ``sequences``, concatenated `(N,)`."""
+        """Per-token logprobs, entropies (and values) of ``sequences``, concatenated `(N,)`.
+
+        ``needed`` marks the tokens the caller reads (`mcprl_policy.packed.scored_positions`); a backend may
+        score more of them, never fewer.
+        """
         ...
 
     def lay_out(self, batches: list[list[Sample]]) -> tuple[list[list[Sample]], int]:
@@ -133,11 +142,21 @@ class TorchBackend:
         self._compiled = CompiledLayers(policy.model) if optim.compile else None
 
     def forward(
-        self, sequences: Sequence[Sequence[int]], *, temperature: float, values: bool
+        self,
+        sequences: Sequence[Sequence[int]],
+        *,
+        temperature: float,
+        values: bool,
+        needed: torch.Tensor | None = None,
     ) -> PackedForward:
         with self.policy.autocast(), self._compiled.active() if self._compiled else nullcontext():
             return policy_forward(
-                self.policy, sequences, temperature=temperature, values=values, layout=self.layout
+                self.policy,
+                sequences,
+                temperature=temperature,
+                values=values,
+                layout=self.layout,
+                needed=needed,
             )
 
     def lay_out(self, batches: list[list[Sample]]) -> tuple[list[list[Sample]], int]:

@@ -225,8 +225,17 @@ class DeepSpeedBackend:
     # -- the update -----------------------------------------------------------------------------------------
 
     def forward(
-        self, sequences: Sequence[Sequence[int]], *, temperature: float, values: bool
+        self,
+        sequences: Sequence[Sequence[int]],
+        *,
+        temperature: float,
+        values: bool,
+        needed: torch.Tensor | None = None,
     ) -> PackedForward:
+        """Scores every token whatever ``needed`` says: under ZeRO-3 each head call gathers the head's
+        weights on every rank, so the ranks must make the same number of calls, and `lay_out` evens them out
+        by token counts (`pad_to_chunks`), not by the tokens each rank's loss reads."""
+        del needed
         self._release()
         ids = [list(s) for s in sequences]
         logprobs, entropies, value_out, valid = self.engine(ids, temperature, values)
