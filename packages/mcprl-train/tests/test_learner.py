@@ -404,3 +404,60 @@ def test_an_update_with_kept_logits_equals_the_update_that_recomputes_them(
     kept_params, kept = run(None)
     assert recomputed == kept
     assert all(torch.equal(a, b) for a, b in zip(recomputed_params, kept_params, strict=True))
+
+
+def _groups_sharing_their_prompts(policy: Policy) -> list[EpisodeGroup]:
+    """`synthetic_groups` with every episode of a group starting with its first episode's prompt."""
+    groups = synthetic_groups(policy, n_groups=3, group_size=4)
+    out: list[EpisodeGroup] = []
+    for group in groups:
+        prompt = group.episodes[0].token_ids[: group.episodes[0].prompt_length]
+        episodes = [
+            attrs.evolve(e, token_ids=[*prompt, *e.token_ids[e.prompt_length :]]) for e in group.episodes
+        ]
+        out.append(attrs.evolve(group, episodes=episodes))
+    return out
+
+
+def test_a_prefix_grouped_update_equals_the_padded_update_to_float_rounding(policy_state: Policy) -> None:
+    def run(layout: str) -> tuple[list[torch.Tensor], dict[str, float]]:
+        policy = fresh_policy(policy_state)
+        learner = Learner(
+            policy=policy,
+            config=config(f"optim.layout={layout}", "optim.micro_batch_tokens=96"),
+            total_steps=10,
+            seed=0,
+        )
+        samples, _ = learner.prepare(_groups_sharing_their_prompts(policy))
+        metrics = learner.update(samples)
+        return [p.detach().clone() for p in policy.trainable_parameters()], metrics
+
+    padded_params, padded = run("padded")
+    grouped_params, grouped = run("prefix_grouped")
+    # Each group's 12-token prompt runs once: 4 members of ~30 tokens fit the 96-token budget as one
+    # micro-batch per group instead of ~2 padded ones.
+    assert grouped["perf/micro_batches"] < padded["perf/micro_batches"]
+    assert grouped["perf/train_tokens"] == padded["perf/train_tokens"]
+    # `loss/*` average per-micro-batch values, so they depend on how samples are batched; the gradient does not.
+    assert grouped["optim/grad_norm"] == pytest.approx(padded["optim/grad_norm"], rel=1e-5)
+    # AdamW's first step moves every weight by about lr whatever its gradient's size, so float rounding in a
+    # near-zero gradient can flip a step (at most 2 · lr); everywhere else the weights agree to rounding.
+    for got, want in zip(grouped_params, padded_params, strict=True):
+        torch.testing.assert_close(got, want, atol=2e-3, rtol=0.0)
+        assert float(((got - want).abs() > 1e-6).float().mean()) < 1e-2
+
+
+@pytest.mark.parametrize(
+    ("profile", "override", "message"),
+    [
+        ("a100x2", "optim.layout=prefix_grouped", r"prefix_grouped with distributed\.backend=deepspeed"),
+        ("cpu", "model.gradient_checkpointing=true", r"prefix_grouped with model\.gradient_checkpointing"),
+    ],
+)
+def test_the_prefix_grouped_layout_is_refused_where_it_cannot_run(
+    profile: str, override: str, message: str
+) -> None:
+    from mcprl_train.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        Config.load(profile, overrides=["optim.layout=prefix_grouped", override])

@@ -1,4 +1,4 @@
-"""The training forward in one of two layouts, returning `PackedForward` either way.
+"""The training forward in one of three layouts, returning `PackedForward` each way.
 
 - ``packed``: `Policy.forward_packed` — every sequence in one row with restarting positions; with a varlen
   attention implementation (`mcprl_policy.attention`: flash-attention-2 on CUDA, per-sequence SDPA otherwise)
@@ -7,6 +7,8 @@
 - ``padded``: right-padded rows of similar length with an attention mask: the padding is computed and thrown
   away, but any model runs it (measured against packed on the demo's length mix: benchmarks/RESULTS.md,
   bench_sampler).
+- ``prefix_grouped``: padded rows with each prefix that sequences share (a GRPO group's prompt and the turns
+  its episodes agree on) run once (`mcprl_policy.prefix_grouped`). Full-attention decoders only.
 
 Both give, for each sequence, the logprob/entropy of token ``i`` given tokens ``< i`` (0 at the first
 token), and values of the prefix when a value head is present.
@@ -28,10 +30,11 @@ from mcprl_policy.packed import (
     token_logprobs_and_entropy,
 )
 from mcprl_policy.policy import Policy
+from mcprl_policy.prefix_grouped import prefix_grouped_forward
 
 __all__ = ["Layout", "padded_forward", "padded_hidden_states", "policy_forward"]
 
-Layout = Literal["packed", "padded"]
+Layout = Literal["packed", "padded", "prefix_grouped"]
 
 
 def policy_forward(
@@ -53,7 +56,8 @@ def policy_forward(
         sequences: token ids, one non-empty sequence each.
         temperature: divides the logits; must equal the sampler's so that ratios start at 1.
         values: also compute values (when the policy has a value head).
-        layout: ``packed`` (one row, varlen attention) or ``padded`` (right-padded rows).
+        layout: ``packed`` (one row, varlen attention), ``padded`` (right-padded rows) or ``prefix_grouped``
+            (shared prefixes once, then padded rows).
         needed: ``(N,)`` bool over the concatenated tokens: score only these (`scored_positions`);
             ``None`` scores every token that has a prefix.
     """
@@ -62,6 +66,17 @@ def policy_forward(
             return policy.forward_packed(sequences, temperature=temperature, values=values, needed=needed)
         case "padded":
             return padded_forward(
+                policy.model,
+                sequences,
+                temperature=temperature,
+                value_head=policy.value_head if values else None,
+                chunk_size=policy.logits_chunk_size,
+                pad_token_id=int(policy.tokenizer.pad_token_id or 0),
+                vocab_limit=policy.vocab_limit,
+                needed=needed,
+            )
+        case "prefix_grouped":
+            return prefix_grouped_forward(
                 policy.model,
                 sequences,
                 temperature=temperature,

@@ -65,6 +65,10 @@ def build_policy(config: Config, *, source: str | None = None) -> Policy:
         from mcprl_policy.attention import check_packable
 
         check_packable(policy.model)
+    elif config.optim.layout == "prefix_grouped":
+        from mcprl_policy.prefix_grouped import check_prefix_groupable
+
+        check_prefix_groupable(policy.model)
     policy.logits_chunk_size = config.optim.logits_chunk_size
     return policy
 

@@ -231,7 +231,11 @@ class OptimConfig:
 
     ``micro_batch_tokens`` bounds one forward/backward (gradient accumulation over micro-batches);
     ``layout`` is ``packed`` (one row per micro-batch, varlen attention per `model.attn_implementation`; not for
-    models with linear-attention layers) or ``padded`` (length-sorted right-padded rows); ``logits_chunk_size`` is
+    models with linear-attention layers), ``padded`` (length-sorted right-padded rows) or ``prefix_grouped`` (each
+    prefix that sequences share, a group's prompt and the turns its episodes agree on, run once and the rest as
+    padded rows over its keys/values: `mcprl_policy.prefix_grouped`; micro-batches filled group by group, the
+    budget counting the tokens computed; full-attention models, one process, no gradient checkpointing);
+    ``logits_chunk_size`` is
     how many token rows get their vocabulary logits at once (peak logits memory ∝ rows × vocabulary).
     ``compile`` runs the update's forward and backward through the policy's decoder layers compiled by
     ``torch.compile`` (inductor, dynamic shapes; `mcprl_policy.compiled.CompiledLayers`): not the eager bits (within
@@ -248,7 +252,7 @@ class OptimConfig:
     max_grad_norm: float = attrs.field(default=1.0, validator=v.gt(0.0))
     scheduler: Scheduler = "constant"
     micro_batch_tokens: int = attrs.field(default=8192, validator=v.ge(16))
-    layout: Literal["packed", "padded"] = "packed"
+    layout: Literal["packed", "padded", "prefix_grouped"] = "packed"
     logits_chunk_size: int = attrs.field(default=1024, validator=v.ge(1))
     compile: bool = False
 

@@ -123,6 +123,17 @@ class Config:
                 f"optim.compile: true with distributed.backend={self.distributed.backend}: compiled layers are "
                 "wired into the one-process update only; set optim.compile=false"
             )
+        if self.optim.layout == "prefix_grouped" and self.distributed.backend != "none":
+            raise ConfigError(
+                f"optim.layout: prefix_grouped with distributed.backend={self.distributed.backend}: its backbone "
+                "calls per micro-batch depend on the rank's sequences, and ZeRO-3 needs the same calls on every "
+                "rank; set optim.layout=padded or packed"
+            )
+        if self.optim.layout == "prefix_grouped" and self.model.gradient_checkpointing:
+            raise ConfigError(
+                "optim.layout: prefix_grouped with model.gradient_checkpointing: true: transformers drops the "
+                "prefixes' keys/values under checkpointing; set optim.layout=padded or turn checkpointing off"
+            )
 
     def _check_vllm_replica(self) -> None:
         """Under DeepSpeed each rank's vLLM engine is its sampling copy: a replica beside it would be a third."""

@@ -42,6 +42,7 @@ from mcprl_grpo import (
     zero_variance_groups,
 )
 from mcprl_policy import PackedForward, Policy
+from mcprl_policy.prefix_grouped import pack_prefix_groups
 from mcprl_train import collectives
 from mcprl_train.config import Config
 from mcprl_train.errors import CheckpointError, RatioHealthError
@@ -291,7 +292,11 @@ class Learner:
         lengths = [int(s.token_ids.numel()) for s in samples]
         per_step = -(-sum(lengths) // (self.grpo.minibatches * self.optim_cfg.grad_accum))
         budget = max(1, min(self.optim_cfg.micro_batch_tokens, per_step))
-        return [[samples[i] for i in b] for b in pack_indices(lengths, budget)]
+        if self.optim_cfg.layout == "prefix_grouped":
+            bins = pack_prefix_groups([tensor_list(s.token_ids, int) for s in samples], budget)
+        else:
+            bins = pack_indices(lengths, budget)
+        return [[samples[i] for i in b] for b in bins]
 
     @torch.no_grad()
     def recompute(self, micros: Sequence[MicroBatch]) -> dict[str, float]:
