@@ -81,7 +81,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    _, loaded = open_checkpoint(args.run / "checkpoints" / "latest")
+    _, loaded = open_checkpoint(args.run)
     policy = Policy.from_pretrained(str(loaded.subdir("policy")), value_head=False)
     policy.model.train()
     print(
