@@ -93,7 +93,7 @@ report["z2"] = {
     "gathered": backend.gathered is not None,
     "live_weights": not torch.equal(before, logits(backend.sampling_policy.model)),
 }
-print("REPORT " + json.dumps(report))
+print("REPORT " + json.dumps(report) + "\\n", end="", flush=True)  # one write: two ranks share the pipe
 """
 
 

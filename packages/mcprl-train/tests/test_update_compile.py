@@ -23,7 +23,13 @@ def _update(template: Policy, *overrides: str) -> tuple[list[torch.Tensor], dict
     policy = copy.deepcopy(template)
     config = Config.load(
         "cpu",
-        overrides=["optim.lr=1e-3", "optim.warmup_steps=0", "optim.micro_batch_tokens=64", *overrides],
+        overrides=[
+            "optim.lr=1e-3",
+            "optim.warmup_steps=0",
+            "optim.micro_batch_tokens=64",
+            "optim.layout=padded",
+            *overrides,
+        ],
     )
     learner = Learner(policy=policy, config=config, total_steps=10, seed=0)
     samples, _ = learner.prepare(synthetic_groups(policy))
