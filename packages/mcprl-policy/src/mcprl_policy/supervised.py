@@ -17,17 +17,20 @@ The backbone runs in the layout the caller picks: ``packed`` (one row, varlen at
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import assert_never
+from typing import Literal, assert_never
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mcprl_policy.packed import backbone_and_head, pack_sequences, packed_hidden_states
-from mcprl_policy.padded import Layout, padded_hidden_states
+from mcprl_policy.padded import padded_hidden_states
 from mcprl_policy.policy import Policy
 
-__all__ = ["target_logprobs", "target_token_logprobs"]
+__all__ = ["SupervisedLayout", "target_logprobs", "target_token_logprobs"]
+
+SupervisedLayout = Literal["packed", "padded"]
+"""The training layouts of the supervised forward (prefix grouping serves GRPO groups, not demonstrations)."""
 
 
 def target_logprobs(
@@ -35,7 +38,7 @@ def target_logprobs(
     sequences: Sequence[Sequence[int]],
     targets: Sequence[Sequence[bool]],
     *,
-    layout: Layout,
+    layout: SupervisedLayout,
 ) -> torch.Tensor:
     """``log p(token i | tokens < i)`` at every target position, sequence by sequence, in position order.
 

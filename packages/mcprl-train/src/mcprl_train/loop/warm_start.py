@@ -20,9 +20,9 @@ import structlog
 import torch
 
 from mcprl_env import ChatTokenizer, Environment
-from mcprl_policy import Layout, Policy
+from mcprl_policy import Policy
 from mcprl_policy.attention import check_packable, is_packable, uses_varlen
-from mcprl_policy.supervised import target_logprobs
+from mcprl_policy.supervised import SupervisedLayout, target_logprobs
 from mcprl_policy.vocab import end_of_turn_ids
 from mcprl_train.config import Config, OptimConfig, SFTConfig
 from mcprl_train.config.sections import SFTLayout
@@ -234,7 +234,7 @@ def _drop_spans(mask: list[int], weights: list[int]) -> list[int]:
     return out
 
 
-def sft_layout(requested: SFTLayout, policy: Policy) -> Layout:
+def sft_layout(requested: SFTLayout, policy: Policy) -> SupervisedLayout:
     """The layout of the warm start's forward: ``auto`` is ``packed`` where attention is varlen, else ``padded``.
 
     Packed micro-batches with varlen attention (no padding) measured faster than length-sorted padded ones for
@@ -290,7 +290,7 @@ class SFTStage:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, warmup_lambda(sft.warmup_steps, self.total_steps, sft.scheduler)
         )
-        self.layout: Layout = sft_layout(sft.layout, policy)
+        self.layout: SupervisedLayout = sft_layout(sft.layout, policy)
         self.rng = random.Random(seed)
         self.order: list[int] = []
         self.step = 0
