@@ -10,9 +10,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
-from mcprl_policy import Layout, Policy, policy_forward
+from mcprl_policy import Policy, policy_forward
 from mcprl_policy.packed import backbone_and_head
-from mcprl_policy.supervised import target_logprobs, target_token_logprobs
+from mcprl_policy.supervised import SupervisedLayout, target_logprobs, target_token_logprobs
 
 LENGTHS = (7, 31, 2, 18, 12)
 
@@ -41,7 +41,7 @@ def _grads(policy: Policy, loss: torch.Tensor) -> list[torch.Tensor]:
 @pytest.mark.parametrize("layout", ["packed", "padded"])
 @pytest.mark.parametrize("chunk_size", [1024, 3])
 def test_target_logprobs_and_their_gradient_equal_the_rl_forwards_at_the_targets(
-    layout: Layout, chunk_size: int
+    layout: SupervisedLayout, chunk_size: int
 ) -> None:
     policy = Policy.from_pretrained("tiny")
     seqs, masks = _batch(policy)

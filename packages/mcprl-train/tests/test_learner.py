@@ -379,7 +379,6 @@ def test_an_update_with_kept_logits_equals_the_update_that_recomputes_them(
     import functools
 
     import mcprl_policy.packed
-    import mcprl_policy.padded
 
     def run(keep: int | None) -> tuple[list[torch.Tensor], dict[str, float]]:
         with monkeypatch.context() as patch:
@@ -387,7 +386,7 @@ def test_an_update_with_kept_logits_equals_the_update_that_recomputes_them(
                 head_stats = functools.partial(
                     mcprl_policy.packed.token_logprobs_and_entropy, keep_logits_bytes=keep
                 )
-                patch.setattr(mcprl_policy.padded, "token_logprobs_and_entropy", head_stats)
+                # Every layout's heads run through packed.scored_forward.
                 patch.setattr(mcprl_policy.packed, "token_logprobs_and_entropy", head_stats)
             policy = fresh_policy(policy_state)
             learner = Learner(

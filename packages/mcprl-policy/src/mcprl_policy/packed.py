@@ -31,6 +31,7 @@ __all__ = [
     "pack_sequences",
     "packed_forward",
     "packed_hidden_states",
+    "scored_forward",
     "scored_positions",
     "token_logprobs_and_entropy",
 ]
@@ -191,6 +192,48 @@ def scored_positions(has_prefix: torch.Tensor, needed: torch.Tensor | None) -> t
     return (has_prefix & needed.to(has_prefix.device)).nonzero().squeeze(-1)
 
 
+def scored_forward(
+    source: torch.Tensor,
+    targets: torch.Tensor,
+    scored: torch.Tensor,
+    *,
+    lm_head: nn.Module,
+    value_head: nn.Module | None,
+    seq_lens: Sequence[int],
+    temperature: float,
+    chunk_size: int,
+    vocab_limit: int | None,
+) -> PackedForward:
+    """The heads on the scored tokens, laid out over all of them: a training forward's last part.
+
+    Args:
+        source: ``(M, H)`` hidden states, row ``j`` the position before scored token ``j``.
+        targets: ``(M,)`` the scored tokens' ids.
+        scored: ``(M,)`` their flat indices among the ``sum(seq_lens)`` concatenated tokens.
+        lm_head: the output projection (`token_logprobs_and_entropy` with ``temperature``, ``chunk_size``,
+            ``vocab_limit``).
+        value_head: maps ``(M, H)`` to ``(M,)`` values; ``None`` computes no values.
+        seq_lens: each sequence's length.
+    """
+    lp, ent = token_logprobs_and_entropy(
+        source, lm_head, targets, temperature=temperature, chunk_size=chunk_size, vocab_limit=vocab_limit
+    )
+    total = sum(seq_lens)
+
+    def scatter(x: torch.Tensor) -> torch.Tensor:
+        return source.new_zeros(total, dtype=torch.float32).index_put((scored,), x.float())
+
+    valid = torch.zeros(total, dtype=torch.bool, device=source.device)
+    valid[scored] = True
+    return PackedForward(
+        logprobs=scatter(lp),
+        entropies=scatter(ent),
+        values=scatter(value_head(source)) if value_head is not None else None,
+        valid=valid,
+        seq_lens=tuple(seq_lens),
+    )
+
+
 def check_token_ids(model: nn.Module, input_ids: torch.Tensor) -> None:
     """Refuse ids outside ``model``'s embedding table before the forward (torch would raise a bare IndexError).
 
@@ -231,25 +274,16 @@ def packed_forward(
     has_prefix[starts] = False
     # Row i-1 predicts token i: the source rows are every row whose successor is in the same sequence.
     target_idx = scored_positions(has_prefix, needed)
-    source_idx = target_idx - 1
-    valid = torch.zeros(n, dtype=torch.bool, device=device)
-    valid[target_idx] = True
-    lp, ent = token_logprobs_and_entropy(
-        hidden[source_idx],
-        lm_head,
+    return scored_forward(
+        hidden[target_idx - 1],
         batch.input_ids[0, target_idx],
+        target_idx,
+        lm_head=lm_head,
+        value_head=value_head,
+        seq_lens=batch.seq_lens,
         temperature=temperature,
         chunk_size=chunk_size,
         vocab_limit=vocab_limit,
-    )
-    logprobs = hidden.new_zeros(n, dtype=torch.float32).index_put((target_idx,), lp)
-    entropies = hidden.new_zeros(n, dtype=torch.float32).index_put((target_idx,), ent)
-    values = None
-    if value_head is not None:
-        v = value_head(hidden[source_idx])
-        values = hidden.new_zeros(n, dtype=torch.float32).index_put((target_idx,), v.float())
-    return PackedForward(
-        logprobs=logprobs, entropies=entropies, values=values, valid=valid, seq_lens=batch.seq_lens
     )
 
 

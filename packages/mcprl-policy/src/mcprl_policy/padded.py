@@ -26,8 +26,8 @@ from mcprl_policy.packed import (
     PackedForward,
     backbone_and_head,
     check_token_ids,
+    scored_forward,
     scored_positions,
-    token_logprobs_and_entropy,
 )
 from mcprl_policy.policy import Policy
 from mcprl_policy.prefix_grouped import prefix_grouped_forward
@@ -64,19 +64,9 @@ def policy_forward(
     match layout:
         case "packed":
             return policy.forward_packed(sequences, temperature=temperature, values=values, needed=needed)
-        case "padded":
-            return padded_forward(
-                policy.model,
-                sequences,
-                temperature=temperature,
-                value_head=policy.value_head if values else None,
-                chunk_size=policy.logits_chunk_size,
-                pad_token_id=int(policy.tokenizer.pad_token_id or 0),
-                vocab_limit=policy.vocab_limit,
-                needed=needed,
-            )
-        case "prefix_grouped":
-            return prefix_grouped_forward(
+        case "padded" | "prefix_grouped":
+            forward = padded_forward if layout == "padded" else prefix_grouped_forward
+            return forward(
                 policy.model,
                 sequences,
                 temperature=temperature,
@@ -128,25 +118,16 @@ def padded_forward(
     )
     rows = seq_of[flat_idx]
     cols = flat_idx - starts[rows]
-    source = hidden[rows, cols - 1]
-    lp, ent = token_logprobs_and_entropy(
-        source,
-        lm_head,
+    return scored_forward(
+        hidden[rows, cols - 1],
         ids[rows, cols],
+        flat_idx,
+        lm_head=lm_head,
+        value_head=value_head,
+        seq_lens=lens,
         temperature=temperature,
         chunk_size=chunk_size,
         vocab_limit=vocab_limit,
-    )
-    logprobs = hidden.new_zeros(total, dtype=torch.float32).index_put((flat_idx,), lp)
-    entropies = hidden.new_zeros(total, dtype=torch.float32).index_put((flat_idx,), ent)
-    valid = torch.zeros(total, dtype=torch.bool, device=device)
-    valid[flat_idx] = True
-    value_out = None
-    if value_head is not None:
-        v = value_head(source)
-        value_out = hidden.new_zeros(total, dtype=torch.float32).index_put((flat_idx,), v.float())
-    return PackedForward(
-        logprobs=logprobs, entropies=entropies, values=value_out, valid=valid, seq_lens=tuple(lens)
     )
 
 

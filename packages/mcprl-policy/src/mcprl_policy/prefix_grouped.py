@@ -37,8 +37,8 @@ from mcprl_policy.packed import (
     PackedForward,
     backbone_and_head,
     check_token_ids,
+    scored_forward,
     scored_positions,
-    token_logprobs_and_entropy,
 )
 
 __all__ = [
@@ -346,17 +346,14 @@ def prefix_grouped_forward(
         before < shared, prefix_at[seq] + before, torch.tensor(source_of)[seq] + before - shared
     ).to(device)
     flat_idx = flat_idx.to(device)
-    h = hidden[source]
-    lp, ent = token_logprobs_and_entropy(
-        h, lm_head, all_ids[flat_idx], temperature=temperature, chunk_size=chunk_size, vocab_limit=vocab_limit
-    )
-    logprobs = h.new_zeros(total, dtype=torch.float32).index_put((flat_idx,), lp)
-    entropies = h.new_zeros(total, dtype=torch.float32).index_put((flat_idx,), ent)
-    valid = torch.zeros(total, dtype=torch.bool, device=device)
-    valid[flat_idx] = True
-    values_out = None
-    if value_head is not None:
-        values_out = h.new_zeros(total, dtype=torch.float32).index_put((flat_idx,), value_head(h).float())
-    return PackedForward(
-        logprobs=logprobs, entropies=entropies, values=values_out, valid=valid, seq_lens=tuple(lens)
+    return scored_forward(
+        hidden[source],
+        all_ids[flat_idx],
+        flat_idx,
+        lm_head=lm_head,
+        value_head=value_head,
+        seq_lens=lens,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        vocab_limit=vocab_limit,
     )
