@@ -8,6 +8,7 @@ episodes died of them is re-run (bounded retries), leftovers stay masked out of 
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
@@ -16,7 +17,6 @@ import attrs
 import structlog
 
 from mcprl_env import Environment, EpisodeGroup, Sampler, Task, aggregate_metrics
-from mcprl_train import collectives
 from mcprl_train.errors import InvalidRateError
 
 logger = structlog.get_logger()
@@ -156,15 +156,14 @@ async def collect_groups(
     Returns:
         One group per task, in task order, with the attempt each came from and the discarded attempts.
     """
-    groups = await env.run_groups(
-        tasks,
-        sampler,
+    run = functools.partial(
+        env.run_groups,
+        sampler=sampler,
         group_size=group_size,
         max_concurrent_episodes=max_concurrent_episodes,
-        namespace=namespace,
-        on_group=on_group,
         seed=seed,
     )
+    groups = await run(tasks, namespace=namespace, on_group=on_group)
     attempts = [0] * len(groups)
     discarded: list[Discarded] = []
     for attempt in range(1, max_retries + 1):
@@ -181,50 +180,11 @@ async def collect_groups(
         discarded += [
             Discarded(attempt=attempts[i], group=groups[i], reason=discard_reason(groups[i])) for i in bad
         ]
-        again = await env.run_groups(
-            [tasks[i] for i in bad],
-            sampler,
-            group_size=group_size,
-            max_concurrent_episodes=max_concurrent_episodes,
-            namespace=f"{namespace or 'rollout'}.retry{attempt}",
-            seed=seed,
-        )
+        again = await run([tasks[i] for i in bad], namespace=f"{namespace or 'rollout'}.retry{attempt}")
         for i, g in zip(bad, again, strict=True):
             groups[i] = g
             attempts[i] = attempt
     return Collection(groups=groups, attempts=attempts, discarded=discarded)
-
-
-async def collect_share(
-    env: Environment,
-    tasks: Sequence[Task],
-    sampler: Sampler,
-    *,
-    group_size: int,
-    max_concurrent_episodes: int,
-    max_retries: int,
-    namespace: str,
-    on_group: Callable[[EpisodeGroup], None] | None = None,
-    seed: int | None = None,
-) -> tuple[Collection, Collection]:
-    """`collect_groups` on this rank's share of ``tasks``; ``(this rank's collection, every rank's)`` (collective).
-
-    Every rank takes the same tasks; a task's group never spans ranks, so its advantages need no
-    communication. In one process both are the same groups. ``seed`` does not depend on the rank: an
-    episode's id and turn pick its samples, whatever the number of ranks.
-    """
-    mine = await collect_groups(
-        env,
-        collectives.shard(tasks, collectives.rank(), collectives.world_size()),
-        sampler,
-        group_size=group_size,
-        max_concurrent_episodes=max_concurrent_episodes,
-        max_retries=max_retries,
-        namespace=namespace,
-        on_group=on_group,
-        seed=seed,
-    )
-    return mine, Collection.concat(collectives.all_gather_objects(mine))
 
 
 def check_invalid_rate(groups: Sequence[EpisodeGroup], max_invalid_rate: float) -> float:

@@ -1,18 +1,12 @@
 """The update half of the loop: episode groups → advantages → packed PPO/GRPO optimizer steps.
 
-The math (advantages, GAE, clipped surrogate, KL, value loss, aggregation, ratio metrics) is mcprl-grpo's; the
-forward pass over packed sequences is mcprl-policy's. This module owns the orchestration around them:
-training targets from episodes, zero-variance filtering, one packing per iteration reused by every pass,
-minibatches × PPO epochs, gradient accumulation over micro-batches with a global normaliser (so the split
-never changes the objective), the scheduler, the reference's EMA/re-sync (`reference.every`), truncated importance
-weights against the sampler (`grpo.tis`), and the ratio-health check: ratios that stay
-exactly 1 after an optimizer step stop the run with a diagnosis (no gradient reached the trainable parameters)
-instead of being papered over.
-
-Where the forward, backward and optimizer step run is the `mcprl_train.loop.update.UpdateBackend` the learner is
-given (this process, or a DeepSpeed engine). The loss normaliser and the ratio-health signals are reduced over
-the data-parallel ranks with `mcprl_train.collectives` (the identity in one process), so the update is the one a
-single process would make on every rank's samples together.
+The math is mcprl-grpo's and the packed forward mcprl-policy's; this module owns the orchestration: training
+targets from episodes, zero-variance filtering, one packing per iteration reused by every pass, minibatches ×
+PPO epochs, gradient accumulation with a global normaliser (so the split never changes the objective), the
+scheduler, the reference's EMA/re-sync, truncated importance weights (`grpo.tis`), and the ratio-health check
+(`check_ratio_health`). The update runs on the given `mcprl_train.loop.update.UpdateBackend`; the normaliser
+and the ratio-health signals are reduced over the ranks (`mcprl_train.collectives`), so every rank makes the
+update one process would make on all their samples.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 import torch
@@ -47,38 +41,10 @@ from mcprl_train.config import Config
 from mcprl_train.errors import CheckpointError, RatioHealthError
 from mcprl_train.loop.samples import MicroBatch, Sample, episode_sample, micro_batch, pack_indices
 from mcprl_train.loop.targets import kl_reward_metrics, old_policy_targets, sampler_mismatch
-from mcprl_train.loop.update import TorchBackend, UpdateBackend
+from mcprl_train.loop.update import KLReference, TorchBackend, UpdateBackend
 from mcprl_train.typed_torch import tensor_list
 
 logger = structlog.get_logger()
-
-
-class KLReference(Protocol):
-    """The KL reference the learner reads and moves: `mcprl_policy.ReferencePolicy` (one process, ZeRO 0-2) or
-    a ZeRO-3 partitioned one (`mcprl_train.parallel.ds_reference`), where `logprobs` is collective."""
-
-    @property
-    def shares_weights(self) -> bool:
-        """Whether the reference is the policy's own base weights (LoRA): nothing to move or checkpoint."""
-        ...
-
-    def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> PackedForward:
-        """Per-token reference logprobs of packed ``sequences`` (no autograd)."""
-        ...
-
-    def update(self, *, ema: float) -> None:
-        """``ref ← ema·ref + (1-ema)·policy``."""
-        ...
-
-    def sync(self) -> None:
-        """Copy the policy's weights into the reference."""
-        ...
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """What the learner's checkpointed state holds of the reference."""
-        ...
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
 
 
 def split_minibatches(num_items: int, num: int, rng: random.Random) -> list[list[int]]:

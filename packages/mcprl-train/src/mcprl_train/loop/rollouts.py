@@ -16,7 +16,7 @@ from mcprl_env import Environment, Task, derive_seed
 from mcprl_policy import Policy, PolicySampler
 from mcprl_train import build, collectives
 from mcprl_train.config import Config
-from mcprl_train.loop.collection import Collection, collect_share
+from mcprl_train.loop.collection import Collection, collect_groups, tool_step_metrics
 from mcprl_train.loop.evaluation import evaluate_tasks
 from mcprl_train.loop.snapshot import SamplingSnapshot
 from mcprl_train.loop.state import sampler_seed
@@ -121,13 +121,18 @@ class Rollouts:
     async def collect(
         self, tasks: Sequence[Task], step: int, *, round_: int
     ) -> tuple[Collection, Collection]:
-        """Run this rank's share of ``tasks``; returns ``(this rank's collection, every rank's)``."""
+        """Run this rank's share of ``tasks``; returns ``(this rank's collection, every rank's)`` (collective).
+
+        Every rank takes the same tasks; a task's group never spans ranks, so its advantages need no
+        communication. In one process both are the same groups. The seed does not depend on the rank: an
+        episode's id and turn pick its samples, whatever the number of ranks.
+        """
         cfg = self.config
         label = f"collect step {step}" + (f" (back-fill {round_})" if round_ else "")
         self.progress.work(label, total=-(-len(tasks) // self.world))
-        return await collect_share(
+        mine = await collect_groups(
             self.env,
-            tasks,
+            collectives.shard(tasks, self.rank, self.world),
             self.sampler,
             group_size=cfg.grpo.group_size,
             max_concurrent_episodes=cfg.collection.max_concurrent_episodes,
@@ -136,12 +141,15 @@ class Rollouts:
             on_group=lambda _group: self.progress.advance(),
             seed=collection_seed(cfg.run.seed, step),
         )
+        return mine, Collection.concat(collectives.all_gather_objects(mine))
 
     async def validate(self, tasks: Sequence[Task], *, label: str, namespace: str) -> dict[str, float]:
         """`val/*` metrics over every rank's share of ``tasks`` (collective), from the weights last `sync`ed.
 
         The trainer syncs after every update, restore and warm start, so a validation costs no extra gather of
-        the weights (a collective under DeepSpeed).
+        the weights (a collective under DeepSpeed). The validation's own tool events are read here (as
+        ``val/tools/step/*``): left in the counters they would join the next GRPO step's, which then would
+        depend on whether the run was resumed in between.
         """
         self.backend.policy.eval()
         self.sampling_policy.eval()
@@ -159,4 +167,4 @@ class Rollouts:
             self.backend.policy.train()
             self.sampling_policy.train()
             self.progress.work_done()
-        return metrics
+        return metrics | {f"val/{k}": v for k, v in tool_step_metrics(self.env).items()}
