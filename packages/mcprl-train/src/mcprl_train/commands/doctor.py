@@ -1,22 +1,12 @@
 """``mcprl-train doctor``: is this machine and this config ready to train? One row per check, a fix per failure.
 
-Checks, in order:
-
-1. installation — every mcprl package imports; the extras the config needs are installed (DeepSpeed for
-   ``distributed.backend=deepspeed``, bitsandbytes for ``quantization=nf4``, peft for LoRA, vLLM for the vLLM
-   sampler, wandb/weave for tracking);
-2. devices — the configured device exists (CUDA device count for ``distributed.num_gpus``, MPS);
-3. API keys — every ``${VAR}`` a configured server references (``ServerConfig.variables``) is set, and
-   ``WANDB_API_KEY`` when weave is on;
-4. MCP servers — the servers ``build.servers_config`` gives load, and each starts on its own and lists its
-   tools (per-server deadline);
-5. task data — the train and validation files parse against the task schema, and every server a task names
-   is configured;
-6. model — ``model.name``'s tokenizer and chat template (no weights): the template shows the tools and renders
-   a sample tool conversation, the tool-call parser reads back the call the template renders, and the
-   embedding has a row for every token id (`mcprl_train.model_checks`, the checks ``train`` runs at start).
-
-Nothing here changes state; servers are started and stopped again.
+Checks, in order: installation (every mcprl package imports; the extras the config needs are installed),
+devices (the configured device exists, CUDA devices for ``distributed.num_gpus``), API keys (every ``${VAR}``
+a configured server references, ``WANDB_API_KEY`` when weave is on), MCP servers (the servers
+`mcprl_train.build.servers_config` gives load, and each starts on its own and lists its tools within a
+deadline), task data (the train and validation files parse against the task schema, every server a task
+names is configured), and the model (`mcprl_train.model_checks`, the checks ``train`` runs at start: tokenizer
+and chat template, no weights). Nothing here changes state; servers are started and stopped again.
 """
 
 from __future__ import annotations

@@ -224,12 +224,7 @@ class Config:
         config_file: str | Path | None = None,
         overrides: Sequence[str] = (),
     ) -> Config:
-        """Resolve defaults ← profile ← ``config_file`` ← ``overrides`` into a validated config.
-
-        Args:
-            profile: A shipped profile name (`list_profiles`) or None for the bare defaults.
-            config_file: A YAML/JSON file with any subset of the tree.
-            overrides: ``"section.key=value"`` strings; values are parsed as YAML (``3``, ``true``, ``[a, b]``).
+        """Resolve defaults ← ``profile`` (None: none) ← ``config_file`` ← ``overrides`` (module docstring).
 
         Raises:
             ConfigError: unknown profile, unreadable file, unknown key, or invalid value.

@@ -68,9 +68,7 @@ def evaluation_metrics(
     tasks: Sequence[Task], groups: Sequence[EpisodeGroup], *, prefix: str = "val", elapsed_s: float
 ) -> dict[str, float]:
     """Metrics of evaluated groups (one per task, aligned with `tasks`): `rollout_metrics` re-rooted under
-    `prefix`, success per task family, and `<prefix>/time_s`.
-
-    """
+    `prefix`, success per task family, and `<prefix>/time_s`."""
     metrics = rollout_metrics(groups, prefix=prefix)
     by_family: dict[str, list[float]] = defaultdict(list)
     for task, group in zip(tasks, groups, strict=True):

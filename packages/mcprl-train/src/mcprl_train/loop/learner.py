@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -55,8 +55,10 @@ def split_minibatches(num_items: int, num: int, rng: random.Random) -> list[list
     return [idx[k::num] for k in range(num)]
 
 
-def warmup_lambda(warmup_steps: int, total_steps: int, schedule: str) -> Callable[[int], float]:
-    """LR multiplier per scheduler step: linear warmup, then constant, linear or cosine decay to 0."""
+def lr_schedule(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, schedule: str
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The LR multiplier per scheduler step: linear warmup, then constant, linear or cosine decay to 0."""
 
     def fn(step: int) -> float:
         if warmup_steps > 0 and step < warmup_steps:
@@ -72,7 +74,7 @@ def warmup_lambda(warmup_steps: int, total_steps: int, schedule: str) -> Callabl
             case _:
                 raise ValueError(f"unknown lr schedule {schedule!r}")
 
-    return fn
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
 def check_ratio_health(
@@ -151,8 +153,8 @@ class Learner:
             raise ValueError("grpo.kl_coef > 0 needs a reference policy")
         self.backend = backend if backend is not None else TorchBackend(policy, config.optim)
         self.optimizer = self.backend.optimizer
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, warmup_lambda(self.optim_cfg.warmup_steps, total_steps, self.optim_cfg.scheduler)
+        self.scheduler = lr_schedule(
+            self.optimizer, self.optim_cfg.warmup_steps, total_steps, self.optim_cfg.scheduler
         )
         self.rng = random.Random(seed)
 

@@ -1,14 +1,9 @@
 """One command for a multi-process run: ``mcprl-train --profile a100x2`` re-launches itself under torchrun.
 
 When the resolved config says ``distributed.backend=deepspeed`` and the process was not started by a
-launcher, the CLI runs ``python -m torch.distributed.run --standalone --nproc-per-node N -m mcprl_train
-<the same arguments>`` with ``N = distributed.num_gpus`` and waits for it; each worker sees the launcher's
-environment (`launched`) and trains as one rank. The launcher ends every worker when one fails.
-
-Already-launched processes are left alone, so torchrun or the DeepSpeed launcher start a multi-node run (the
-README's "DeepSpeed" has the commands; the run directory must be on storage every node sees).
-(The DeepSpeed launcher puts ``--local_rank=N`` before the script's arguments; the CLI drops it — the
-``LOCAL_RANK`` environment variable carries the same.)
+launcher (`launched`), the CLI runs `launch_command` and waits for it; each worker trains as one rank
+(`train_rank`). Already-launched processes are left alone, so torchrun or the DeepSpeed launcher start a
+multi-node run (the README's "DeepSpeed" has the commands).
 """
 
 from __future__ import annotations

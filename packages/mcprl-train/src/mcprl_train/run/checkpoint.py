@@ -21,20 +21,6 @@ from newest to oldest; a candidate whose files do not match its manifest (or who
 the pointer's hash) is skipped with a ``checkpoint_invalid`` warning. The result says which one was used and
 which were skipped.
 
-Example (what the trainer does)::
-
-    ckpt = run_dir.checkpoints.save(
-        step,
-        writers={"policy": policy.save_pretrained},
-        state_dicts={"optimizer": opt.state_dict(), "scheduler": sched.state_dict()},
-        meta={"state": train_state.to_dict()},
-    )
-    loaded = run_dir.checkpoints.load_latest()          # None when there is none
-    if loaded is not None:
-        policy = Policy.from_pretrained(loaded.subdir("policy"), ...)
-        opt.load_state_dict(loaded.state("optimizer"))
-        loaded.restore_rng()
-
 In a multi-process run only rank 0 calls `save` (after any collective gather); every rank may `load`.
 """
 
