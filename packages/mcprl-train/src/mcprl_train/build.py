@@ -96,7 +96,7 @@ def tiny_profile_warning(config: Config) -> str | None:
 
 
 def torch_backend(config: Config, *, source: str | None = None) -> TorchBackend:
-    """The trained policy (`build_policy`) with its update in this process (`mcprl_train.loop.update.TorchBackend`).
+    """The trained policy (`build_policy`) with its update in this process (`loop.update.TorchBackend`).
 
     Raises:
         DistributedError: the config asks for DeepSpeed, whose backend the launched ranks build
@@ -298,10 +298,8 @@ def load_tasks(config: Config) -> TaskData:
 
 
 def validation_tasks(config: Config, *, checker: Checker | None) -> list[Task]:
-    """The fixed validation subset: the first `eval.n_tasks` tasks of `tasks.validation` (none when null).
-
-    `checker` is the checker of the tasks that name none (`default_checker`).
-    """
+    """The fixed validation subset: the first `eval.n_tasks` tasks of `tasks.validation` (none when null);
+    `checker` as in `load_task_source`."""
     if config.tasks.validation is None:
         return []
     validation = load_task_source(config.tasks.validation, name="validation", checker=checker)
@@ -334,10 +332,10 @@ def load_demos(config: Config) -> list[Demonstration]:
 def scripted_demos(config: Config, path: Path, *, required: bool = True) -> list[Demonstration]:
     """`sft.demos` scripted demonstrations of training tasks of the bundled families (`mcprl_tasks.FAMILIES`).
 
-    Each comes from `mcprl_tasks.imperfect_teacher` (with its family's teacher noise) or `mcprl_tasks.ideal_demo`,
+    Each comes from `mcprl_tasks.imperfect_teacher` (at its family's teacher noise) or `mcprl_tasks.ideal_demo`
     seeded by `run.seed`, in a fixed seeded order of the tasks (`mcprl_tasks.plan_demos` sets each family's
-    share): the demonstration set is the same in every run. Tool calls are structured `tool_calls`, rendered by
-    the model's chat template in its own format; with ``env.chat_template_kwargs.enable_thinking`` each
+    share): the demonstration set is the same in every run. Tool calls are structured `tool_calls`, rendered
+    by the model's chat template in its own format; with ``env.chat_template_kwargs.enable_thinking`` each
     assistant turn carries a one-line ``reasoning_content`` (`mcprl_tasks.with_reasoning`). Tasks of other
     families (a user's own) are left to GRPO alone.
 

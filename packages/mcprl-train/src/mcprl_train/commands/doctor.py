@@ -191,12 +191,12 @@ async def _servers(tools: ServersConfig, deadline_s: float) -> list[CheckResult]
 async def _check_server(server: ServerConfig, alone: ServersConfig, deadline_s: float) -> CheckResult:
     from mcprl_tools import ToolManager, ToolsError
 
-    def failed(detail: str, fix: str) -> CheckResult:
-        return CheckResult(category="servers", name=server.name, ok=False, detail=detail, fix=fix)
+    def row(detail: str, fix: str = "", *, ok: bool = False) -> CheckResult:
+        return CheckResult(category="servers", name=server.name, ok=ok, detail=detail, fix=fix)
 
     unset = [f"${{{var}}}" for var in sorted(server.variables) if var not in os.environ]
     if unset:
-        return failed(
+        return row(
             f"not started: {', '.join(unset)} not set",
             "set the environment variables it references (see the keys rows)",
         )
@@ -205,19 +205,14 @@ async def _check_server(server: ServerConfig, alone: ServersConfig, deadline_s: 
             async with ToolManager(alone) as manager:
                 tools = sorted(t.name for t in manager.tools)
     except TimeoutError:
-        return failed(
+        return row(
             f"no answer within {deadline_s:.0f} s",
             "run the server command by hand and check it speaks MCP on stdio",
         )
     except (ToolsError, OSError) as exc:
         fix = f"check that {server.command!r} is installed and on PATH" if server.command else "check its url"
-        return failed(f"did not start: {exc}", server.redact(fix))
-    return CheckResult(
-        category="servers",
-        name=server.name,
-        ok=True,
-        detail=f"{len(tools)} tools: {', '.join(tools)}" if tools else "0 tools",
-    )
+        return row(f"did not start: {exc}", server.redact(fix))
+    return row(f"{len(tools)} tools: {', '.join(tools)}" if tools else "0 tools", ok=True)
 
 
 # -- tasks ------------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ episodes died of them is re-run (bounded retries), leftovers stay masked out of 
 from __future__ import annotations
 
 import functools
+import operator
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
@@ -77,10 +78,7 @@ class Collection:
     @classmethod
     def concat(cls, parts: Sequence[Collection]) -> Collection:
         """The parts (ranks, back-fill rounds) as one collection."""
-        out = cls(groups=[], attempts=[], discarded=[])
-        for part in parts:
-            out += part
-        return out
+        return functools.reduce(operator.add, parts, cls(groups=[], attempts=[], discarded=[]))
 
     def retry_metrics(self) -> dict[str, float]:
         """Invalid counts before the retries, and the retries that ran.
@@ -152,9 +150,6 @@ async def collect_groups(
         on_group: Called with each group as it finishes (progress bars).
         seed: The collection's sampling seed (`mcprl_env.turn_seed` derives each turn's seed from it and the
             episode id, retries included); None: the sampler's own randomness.
-
-    Returns:
-        One group per task, in task order, with the attempt each came from and the discarded attempts.
     """
     run = functools.partial(
         env.run_groups,
@@ -240,9 +235,6 @@ class StepMetered(Protocol):
 
 def tool_step_metrics(env: Environment) -> dict[str, float]:
     """This process's tool-server events since the previous call: `tools/step/restarts`, `.../crashes`,
-    `.../timeouts`, `.../infra_errors`, `.../queue_wait_max_ms`, per server too (`ToolManager.step_metrics`).
-
-    The trainer reads them after each validation too (into its record as ``val/tools/step/*``), so a step's
-    count is its own. Empty for a tool caller that does not report them.
-    """
+    `.../timeouts`, `.../infra_errors`, `.../queue_wait_max_ms`, per server too (`ToolManager.step_metrics`);
+    empty for a tool caller that does not report them."""
     return env.manager.step_metrics() if isinstance(env.manager, StepMetered) else {}

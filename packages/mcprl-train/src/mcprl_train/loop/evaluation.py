@@ -1,9 +1,5 @@
-"""Validation: the policy on held-out tasks, one episode each, greedy unless configured otherwise.
-
-Used by the loop every `eval.every` steps (and before/after each stage) and by
-`mcprl-train eval --checkpoint DIR`. Metrics are `val/*`: success rate, reward, turns, tool error rates, and
-success per task family when tasks carry `metadata.family`.
-"""
+"""Validation: the policy on held-out tasks, one episode each, greedy unless configured otherwise (the loop's
+validations and ``mcprl-train eval``)."""
 
 from __future__ import annotations
 

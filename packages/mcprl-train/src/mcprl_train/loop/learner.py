@@ -88,9 +88,7 @@ def check_ratio_health(
     Raises:
         RatioHealthError: with a diagnosis naming the likely cause.
     """
-    if optimizer_steps == 0 or max_abs_dev != 0.0:
-        return
-    if grad_norm == 0.0 and not signal:
+    if optimizer_steps == 0 or max_abs_dev != 0.0 or (grad_norm == 0.0 and not signal):
         return
     if grad_norm == 0.0 or not math.isfinite(grad_norm):
         cause = (
@@ -164,10 +162,8 @@ class Learner:
 
     @property
     def recompute_old(self) -> bool:
-        """Old logprobs from a trainer forward: several updates per batch, GAE, TIS, or asked for."""
-        many = self.grpo.ppo_epochs * self.grpo.minibatches > 1
-        asked = self.grpo.old_logprobs == "recompute" or self.grpo.tis is not None
-        return many or self.needs_values or asked
+        """`mcprl_train.config.GRPOConfig.recomputes_old_logprobs`."""
+        return self.grpo.recomputes_old_logprobs
 
     @property
     def reference_copy(self) -> KLReference | None:

@@ -1,4 +1,5 @@
-"""Where the learner's update runs: the `UpdateBackend` seam and its one-process implementation.
+"""Where the learner's update runs: the `UpdateBackend` seam (with the `KLReference` it may partition) and
+its one-process implementation.
 
 The learner (`mcprl_train.loop.learner`) owns what an update computes; a backend owns where the trained model
 lives, how an optimizer step happens there, which weights the samplers read and what a checkpoint holds beyond
@@ -151,11 +152,7 @@ def adamw(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.opt
     if not params:
         raise RatioHealthError("the policy has no trainable parameter (requires_grad is False everywhere)")
     return torch.optim.AdamW(
-        params,
-        lr=optim.lr,
-        betas=(optim.betas[0], optim.betas[1]),
-        eps=optim.eps,
-        weight_decay=optim.weight_decay,
+        params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
     )
 
 

@@ -280,8 +280,8 @@ class SFTStage:
         self.config = sft
         self.optim = optim
         self.examples = list(examples)
-        params = [p for p in policy.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=0.0)
+        self.params = [p for p in policy.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=sft.lr, weight_decay=0.0)
         self.scheduler = lr_schedule(self.optimizer, sft.warmup_steps, self.total_steps, sft.scheduler)
         self.layout: Layout = sft_layout(sft.layout, policy)
         self.rng = random.Random(seed)
@@ -342,11 +342,7 @@ class SFTStage:
             loss_sum += float(loss.detach()) * total
             # A target is "right" when the model gives it > 1/2 probability (then it is also its argmax).
             correct += float((lp.detach() > math.log(0.5)).sum())
-        norm = float(
-            torch.nn.utils.clip_grad_norm_(
-                [p for g in self.optimizer.param_groups for p in g["params"]], self.config.max_grad_norm
-            )
-        )
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm))
         optimizer_step(self.optimizer)
         self.scheduler.step()
         self.step += 1

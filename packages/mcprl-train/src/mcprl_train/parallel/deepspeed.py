@@ -3,7 +3,7 @@
 `deepspeed_config` hands no optimizer to DeepSpeed (a torch AdamW goes to ``deepspeed.initialize``: DeepSpeed's
 own optimizers are JIT-compiled on first use, ~75 s on CPU) and keeps gradient accumulation with the caller
 (``managed_gradient_accumulation: false``: a step accumulates however many packed micro-batches it has). The
-engine itself is `mcprl_train.parallel.ds_backend.DeepSpeedBackend`; the launch is `mcprl_train.parallel.launch`.
+engine itself is `ds_backend.DeepSpeedBackend`; the launch is `mcprl_train.parallel.launch`.
 """
 
 from __future__ import annotations

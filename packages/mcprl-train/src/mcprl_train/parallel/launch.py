@@ -42,35 +42,19 @@ def launched(env: Mapping[str, str] | None = None) -> bool:
 def strip_local_rank(argv: Sequence[str]) -> list[str]:
     """``argv`` without the ``--local_rank=N`` / ``--local-rank N`` the DeepSpeed launcher inserts."""
     out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
+    args = iter(argv)
+    for arg in args:
         if arg in ("--local_rank", "--local-rank"):
-            skip = True
-            continue
-        if arg.startswith(("--local_rank=", "--local-rank=")):
-            continue
-        out.append(arg)
+            next(args, None)  # its value
+        elif not arg.startswith(("--local_rank=", "--local-rank=")):
+            out.append(arg)
     return out
 
 
 def launch_command(nproc: int, argv: Sequence[str]) -> list[str]:
     """The torchrun command that starts ``nproc`` workers of ``mcprl-train <argv>`` on this node."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        str(nproc),
-        "-m",
-        "mcprl_train",
-        *argv,
-    ]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+    return [*torchrun, "--nproc-per-node", str(nproc), "-m", "mcprl_train", *argv]
 
 
 def check_devices(nproc: int, device: str) -> None:

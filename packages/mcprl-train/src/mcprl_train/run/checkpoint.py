@@ -27,6 +27,7 @@ In a multi-process run only rank 0 calls `save` (after any collective gather); e
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -193,12 +194,8 @@ class CheckpointManager:
 
     def _free_name(self, step: int) -> str:
         base = f"step-{step:08d}"
-        if not (self.root / base).exists():
-            return base
-        revision = 1
-        while (self.root / f"{base}-r{revision}").exists():
-            revision += 1
-        return f"{base}-r{revision}"
+        names = itertools.chain([base], (f"{base}-r{revision}" for revision in itertools.count(1)))
+        return next(name for name in names if not (self.root / name).exists())
 
     def _point_latest(self, name: str, manifest_sha: str) -> None:
         atomic_write(self.root / LATEST, f"{name} {manifest_sha}\n".encode())

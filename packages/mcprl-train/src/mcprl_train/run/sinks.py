@@ -5,8 +5,8 @@ step, ``"grpo"``; validation, ``"eval"``): a ``metrics.jsonl`` line without the 
 ``stage``, ``sft_step``, an optional ``tag`` (the validation's occasion: ``init``, ``warm_start``,
 ``periodic``, ``final``), then the metrics; SFT records carry GRPO step 0. `MetricsSink.write_episodes` gets
 every episode of a GRPO step (`mcprl_train.loop.collection.Collection.trajectory_records`), retried attempts
-included; `MetricsSink.write_summary` the run's summary at the end. Implementations: `mcprl_train.run.run_dir.RunDir`,
-`mcprl_train.run.tracking.Tracker`, `ConsoleSink` and `SinkGroup` (all of them behind one).
+included; `MetricsSink.write_summary` the run's summary at the end. Implementations: `run_dir.RunDir`,
+`tracking.Tracker`, `ConsoleSink` and `SinkGroup` (all of them behind one).
 """
 
 from __future__ import annotations

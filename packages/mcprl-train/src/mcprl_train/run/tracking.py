@@ -160,7 +160,9 @@ class Tracker:
             logger.info("wandb_unavailable", hint=_WANDB_HINT)
             self.wandb_mode = "disabled"
             return
-        with _argv_redacted(self._literal_secrets()):
+        source = self.config.tools.source
+        secrets = source.literal_secrets() if isinstance(source, InlineServers) else frozenset[str]()
+        with _argv_redacted(secrets):
             self._wandb_run = wandb.init(
                 project=self.config.tracking.project,
                 name=self.run_dir.name,
@@ -171,10 +173,6 @@ class Tracker:
                 mode=self.wandb_mode,
             )
         logger.info("wandb_started", mode=self.wandb_mode, dir=str(self.run_dir.path / "wandb"))
-
-    def _literal_secrets(self) -> frozenset[str]:
-        source = self.config.tools.source
-        return source.literal_secrets() if isinstance(source, InlineServers) else frozenset()
 
     def _start_weave(self) -> None:
         try:
