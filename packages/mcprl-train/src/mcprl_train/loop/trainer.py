@@ -135,7 +135,6 @@ class Trainer:
         train_set, self.val_tasks = self.tasks or build.load_tasks(cfg)  # before anything heavy
         demos = build.load_demos(cfg) if cfg.sft.enabled else []  # a bad demonstrations file fails here too
         self.stream = TaskStream(train_set, seed=cfg.run.seed)
-        # Rank 0 picks the newest verified checkpoint; every rank resumes from it.
         latest = self.run_dir.checkpoints.load_latest() if self.resume and self.is_writer else None
         loaded = collectives.broadcast_object(latest) if self.resume else None
         tools = tool_manager(cfg, self.run_dir.path, world_size=self.world)  # a bad cassette fails first
@@ -193,8 +192,7 @@ class Trainer:
         while self.state.stage == "grpo" and self.state.step < cfg.run.steps:
             await self.grpo_step()
             self.progress.step_done()
-            every = cfg.eval.every
-            if every and self.state.step % every == 0 and self.state.step < cfg.run.steps:
+            if cfg.eval.every and self.state.step % cfg.eval.every == 0 and self.state.step < cfg.run.steps:
                 await self.evaluate("periodic")
             if cfg.run.checkpoint_every and self.state.step % cfg.run.checkpoint_every == 0:
                 self.checkpoint()
@@ -233,7 +231,7 @@ class Trainer:
                 self.sync_sampler()  # a checkpoint saves the sampling policy's weights
                 self.checkpoint()
 
-    async def grpo_step(self) -> None:
+    async def grpo_step(self) -> dict[str, float]:
         """Learn on step k's groups (collected on their own, or beside step k-1's update), sync the samplers.
 
         With ``collection.overlap`` step k+1 is collected while step k's update runs (`mcprl_train.loop.overlap`),
@@ -285,22 +283,24 @@ class Trainer:
         self.log_metrics("grpo", step, metrics)
         self.sinks.write_episodes(step, ready.collected.trajectory_records())
         self.emit("after_step")
+        return metrics
 
     def sync_sampler(self) -> None:
         """Publish the trained weights to the sampling policy and the samplers."""
         assert self.rollouts is not None
         self.rollouts.sync()
 
-    async def evaluate(self, tag: str) -> None:
+    async def evaluate(self, tag: str) -> dict[str, float]:
         """Validation metrics (`val/*`) over every rank's share of the validation tasks, logged with `tag`."""
         if not self.val_tasks:
-            return
+            return {}
         assert self.rollouts is not None
         self.phases.announce("evaluation", self.state, tag=tag)
         namespace = f"eval-{tag}-{self.state.sft_step}-{self.state.step}"
         metrics = await self.rollouts.validate(self.val_tasks, label=tag, namespace=namespace)
         metrics["time/elapsed_s"] = self.elapsed()
         self.log_metrics("eval", self.state.step, metrics, tag=tag)
+        return metrics
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.clock
@@ -349,10 +349,8 @@ class Trainer:
         self.emit("after_checkpoint")
 
     def restore(self, loaded: Checkpoint | None) -> None:
-        """Restore from a loaded checkpoint (weights were loaded with the policy); rewind the logs to it.
-
-        Without a checkpoint the run starts over and the logs are cleared.
-        """
+        """Restore from a loaded checkpoint (weights were loaded with the policy) and rewind the logs to it;
+        without a checkpoint the run starts over and the logs are cleared."""
         assert self.learner is not None
         assert self.stream is not None
         assert self.backend is not None
