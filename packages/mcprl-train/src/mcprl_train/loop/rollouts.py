@@ -3,9 +3,8 @@
 `Rollouts` owns the rollout sampler and the greedy evaluation sampler. Each sampling request of a step carries
 its own seed, derived from (``run.seed``, step, episode id, turn) (`collection_seed`, `mcprl_env.turn_seed`),
 so a step samples alike in a resumed and an uninterrupted run whatever order tool latency gives the requests;
-the rollout sampler is also rebuilt per step with a step-seeded generator for anything unseeded. `Rollouts`
-keeps the samplers on the newest trained weights (`sync`), and runs this rank's share of a step's task groups
-(`collect`) and of a validation (`validate`). The learning side is `mcprl_train.loop.learner`; the trainer alternates the two.
+the rollout sampler is also rebuilt per step with a step-seeded generator for anything unseeded. The learning
+side is `mcprl_train.loop.learner`; the trainer alternates the two.
 """
 
 from __future__ import annotations

@@ -123,9 +123,8 @@ def render_demonstrations(
     *,
     end_of_turn: Collection[int] | None = None,
 ) -> list[SFTExample]:
-    """Render demonstrations with the tool schemas and template arguments the environment uses for each task,
-    so the tokens the model imitates are the tokens it will later sample: the model's own chat template
-    renders the structured ``tool_calls`` in its own tool-call format.
+    """Render demonstrations with the tool schemas and template arguments the environment uses for each task
+    (module docstring); the model's own chat template renders the structured ``tool_calls`` in its format.
 
     Raises:
         DemonstrationError: naming the demonstration (its source and task id) and the problem: an unknown

@@ -172,10 +172,9 @@ class RunDir:
 
     # -- files ----------------------------------------------------------------------------------------------
 
-    def write_config(self, config: Config) -> Path:
+    def write_config(self, config: Config) -> None:
         """Write ``config.yaml`` atomically (temp file + fsync + rename)."""
         atomic_write(self.config_path, config.to_yaml().encode("utf-8"))
-        return self.config_path
 
     def load_config(self) -> Config:
         """The config saved in ``config.yaml``."""
