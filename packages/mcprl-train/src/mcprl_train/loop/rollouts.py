@@ -15,7 +15,7 @@ from mcprl_env import Environment, Task, derive_seed
 from mcprl_policy import Policy, PolicySampler
 from mcprl_train import build, collectives
 from mcprl_train.config import Config
-from mcprl_train.loop.collection import Collection, collect_groups, tool_step_metrics
+from mcprl_train.loop.collection import Collection, collect_groups
 from mcprl_train.loop.evaluation import evaluate_tasks
 from mcprl_train.loop.snapshot import SamplingSnapshot
 from mcprl_train.loop.state import sampler_seed
@@ -146,9 +146,7 @@ class Rollouts:
         """`val/*` metrics over every rank's share of ``tasks`` (collective), from the weights last `sync`ed.
 
         The trainer syncs after every update, restore and warm start, so a validation costs no extra gather of
-        the weights (a collective under DeepSpeed). The validation's own tool events are read here (as
-        ``val/tools/step/*``): left in the counters they would join the next GRPO step's, which then would
-        depend on whether the run was resumed in between.
+        the weights (a collective under DeepSpeed).
         """
         self.backend.policy.eval()
         self.sampling_policy.eval()
@@ -166,4 +164,4 @@ class Rollouts:
             self.backend.policy.train()
             self.sampling_policy.train()
             self.progress.work_done()
-        return metrics | {f"val/{k}": v for k, v in tool_step_metrics(self.env).items()}
+        return metrics

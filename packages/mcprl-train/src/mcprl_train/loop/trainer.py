@@ -23,6 +23,7 @@ from mcprl_policy import Policy, PolicySampler
 from mcprl_train import build, collectives
 from mcprl_train.build import TaskData
 from mcprl_train.config import Config
+from mcprl_train.loop.collection import tool_step_metrics
 from mcprl_train.loop.learner import Learner
 from mcprl_train.loop.overlap import CollectedStep, collect_step, learn_step, learn_while_collecting
 from mcprl_train.loop.rollouts import Rollouts
@@ -298,6 +299,8 @@ class Trainer:
         self.phases.announce("evaluation", self.state, tag=tag)
         namespace = f"eval-{tag}-{self.state.sft_step}-{self.state.step}"
         metrics = await self.rollouts.validate(self.val_tasks, label=tag, namespace=namespace)
+        # Its own tool events: left in the counters they would join the next step's, which a resume changes.
+        metrics.update({f"val/{k}": v for k, v in tool_step_metrics(self.rollouts.env).items()})
         metrics["time/elapsed_s"] = self.elapsed()
         self.log_metrics("eval", self.state.step, metrics, tag=tag)
         return metrics
