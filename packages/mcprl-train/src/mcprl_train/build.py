@@ -6,8 +6,9 @@ Everything that turns config values into objects of the other packages lives her
 
 from __future__ import annotations
 
+from operator import attrgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, assert_never, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, TypeAlias, assert_never, cast
 
 import structlog
 
@@ -16,13 +17,11 @@ from mcprl_train.errors import ConfigError, DistributedError
 if TYPE_CHECKING:
     from mcprl_env import Checker, Task, TaskSet
     from mcprl_policy import Policy, PolicySampler
-    from mcprl_policy.weight_push import ParameterGather
     from mcprl_tools import MissingVariables, ServersConfig
     from mcprl_train.config import Config
     from mcprl_train.loop.demo_file import Demonstration
-    from mcprl_train.loop.learner import KLReference
     from mcprl_train.loop.task_stream import IndexedTasks
-    from mcprl_train.loop.update import TorchBackend, UpdateBackend
+    from mcprl_train.loop.update import KLReference, TorchBackend, UpdateBackend
 
 TaskData: TypeAlias = "tuple[TaskSet, list[Task]]"
 """The indexed training set and the fixed validation subset (`load_tasks`)."""
@@ -61,14 +60,11 @@ def build_policy(config: Config, *, source: str | None = None) -> Policy:
         gradient_checkpointing=config.model.gradient_checkpointing,
         attn_implementation=config.model.attn_implementation,
     )
-    if config.optim.layout == "packed":
-        from mcprl_policy.attention import check_packable
+    from mcprl_policy.attention import check_packable
+    from mcprl_policy.prefix_grouped import check_prefix_groupable
 
-        check_packable(policy.model)
-    elif config.optim.layout == "prefix_grouped":
-        from mcprl_policy.prefix_grouped import check_prefix_groupable
-
-        check_prefix_groupable(policy.model)
+    if config.optim.layout != "padded":  # neither layout runs a model with linear-attention layers
+        (check_packable if config.optim.layout == "packed" else check_prefix_groupable)(policy.model)
     policy.logits_chunk_size = config.optim.logits_chunk_size
     return policy
 
@@ -88,14 +84,9 @@ def tiny_profile_warning(config: Config) -> str | None:
 
     if config.profile not in ("cpu", "mps") or config.model.name in TINY_PRESETS:
         return None
-    profile = Config.load(profile=config.profile).to_dict()
-    mine = config.to_dict()
-
-    def value(tree: dict[str, Any], key: str) -> object:
-        section, name = key.split(".")
-        return tree[section][name]
-
-    kept = [f"{k}={value(mine, k)}" for k in _TINY_MODEL_SETTINGS if value(mine, k) == value(profile, k)]
+    profile = Config.load(profile=config.profile)
+    values = [(key, attrgetter(key)) for key in _TINY_MODEL_SETTINGS]
+    kept = [f"{key}={value(config)}" for key, value in values if value(config) == value(profile)]
     if not kept:
         return None
     return (
@@ -106,11 +97,7 @@ def tiny_profile_warning(config: Config) -> str | None:
 
 
 def torch_backend(config: Config, *, source: str | None = None) -> TorchBackend:
-    """The trained policy with its update in this process (`mcprl_train.loop.update.TorchBackend`).
-
-    Args:
-        config: The run config.
-        source: A saved policy directory to load instead of `config.model.name` (a checkpoint's `policy/`).
+    """The trained policy (`build_policy`) with its update in this process (`loop.update.TorchBackend`).
 
     Raises:
         DistributedError: the config asks for DeepSpeed, whose backend the launched ranks build
@@ -126,44 +113,19 @@ def torch_backend(config: Config, *, source: str | None = None) -> TorchBackend:
     return TorchBackend(build_policy(config, source=source), config.optim)
 
 
-@runtime_checkable
-class PartitionsReference(Protocol):
-    """An update backend whose parameters are partitioned and which partitions the KL reference alike
-    (DeepSpeed ZeRO-3: `mcprl_train.parallel.ds_backend.DeepSpeedBackend`)."""
-
-    def partitioned_reference(self) -> KLReference | None:
-        """The backend's own reference; None: the parameters are not partitioned, a full copy does."""
-        ...
-
-
-def build_reference(
-    config: Config, policy: Policy, *, backend: UpdateBackend | None = None
-) -> KLReference | None:
+def build_reference(config: Config, backend: UpdateBackend) -> KLReference | None:
     """The KL reference, or None when `grpo.kl_coef` is 0 (never read).
 
-    The backend's partitioned reference where it has one (ZeRO-3), else `mcprl_policy.ReferencePolicy` of
-    ``policy``: adapters off for LoRA, a frozen full copy otherwise.
+    The backend's partitioned reference where it has one (ZeRO-3), else `mcprl_policy.ReferencePolicy` of its
+    sampling policy: adapters off for LoRA, a frozen full copy otherwise.
     """
     if config.grpo.kl_coef <= 0:
         return None
-    if (
-        isinstance(backend, PartitionsReference)
-        and (reference := backend.partitioned_reference()) is not None
-    ):
+    if (reference := backend.partitioned_reference()) is not None:
         return reference
     from mcprl_policy import ReferencePolicy
 
-    return ReferencePolicy.for_policy(policy)
-
-
-@runtime_checkable
-class PartitionsPush(Protocol):
-    """An update backend whose sampling policy's parameters are partitioned between pushes into a vLLM engine
-    (DeepSpeed ZeRO-3: `mcprl_train.parallel.ds_backend.DeepSpeedBackend`)."""
-
-    def weight_gather(self) -> ParameterGather | None:
-        """The push's per-bucket gather; None: the parameters are full."""
-        ...
+    return ReferencePolicy.for_policy(backend.sampling_policy)
 
 
 def build_sampler(
@@ -177,7 +139,7 @@ def build_sampler(
     """The rollout sampler (`config.sampling`, `config.sampler`); `greedy` gives the evaluation sampler.
 
     `seed` is the sampler's (derived from `run.seed` by the caller; `sampling.seed` is never set). A vLLM
-    sampler pushes ``policy``'s weights gathered by `backend`'s `PartitionsPush.weight_gather` where it has one.
+    sampler pushes ``policy``'s weights gathered by `backend`'s `UpdateBackend.weight_gather` where it has one.
     """
     import attrs
 
@@ -206,7 +168,7 @@ def build_sampler(
                 raise ConfigError(f"sampler.backend=vllm: {exc}; or use sampler.backend=hf") from exc
             from mcprl_policy.weight_push import LOCAL_PARAMETERS
 
-            gather = backend.weight_gather() if isinstance(backend, PartitionsPush) else None
+            gather = backend.weight_gather() if backend is not None else None
             # The rollout and the greedy evaluation sampler share one engine (same settings); it pulls the
             # policy's weights before generating whenever they changed (SFT, GRPO updates, a restore).
             return VLLMSampler(
@@ -337,10 +299,8 @@ def load_tasks(config: Config) -> TaskData:
 
 
 def validation_tasks(config: Config, *, checker: Checker | None) -> list[Task]:
-    """The fixed validation subset: the first `eval.n_tasks` tasks of `tasks.validation` (none when null).
-
-    `checker` is the checker of the tasks that name none (`default_checker`).
-    """
+    """The fixed validation subset: the first `eval.n_tasks` tasks of `tasks.validation` (none when null);
+    `checker` as in `load_task_source`."""
     if config.tasks.validation is None:
         return []
     validation = load_task_source(config.tasks.validation, name="validation", checker=checker)
@@ -348,11 +308,8 @@ def validation_tasks(config: Config, *, checker: Checker | None) -> list[Task]:
 
 
 def load_demos(config: Config) -> list[Demonstration]:
-    """The warm-start demonstrations: the lines of `sft.demos_path`, and/or scripted ones.
-
-    Without `sft.demos_path`, or with `sft.add_scripted`, `sft.demos` training tasks of the bundled families get
-    a scripted demonstration (`scripted_demos`). A file's demonstrations are all used, checked at start-up
-    with their line numbers (`mcprl_train.loop.demo_file`).
+    """The warm-start demonstrations: the lines of `sft.demos_path` (`mcprl_train.loop.demo_file`), and/or
+    scripted ones (`scripted_demos`), as `mcprl_train.config.SFTConfig` says.
 
     Raises:
         FileNotFoundError: `sft.demos_path` does not exist.
@@ -376,15 +333,12 @@ def load_demos(config: Config) -> list[Demonstration]:
 def scripted_demos(config: Config, path: Path, *, required: bool = True) -> list[Demonstration]:
     """`sft.demos` scripted demonstrations of training tasks of the bundled families (`mcprl_tasks.FAMILIES`).
 
-    A fraction `sft.teacher_noise` of them comes from `mcprl_tasks.imperfect_teacher` (guessed prices,
-    needless calls, wrong answers; mistyped tickers retried after the error with `sft.teacher_typos`), the rest
-    from `mcprl_tasks.ideal_demo`; both seeded by `run.seed`. Their tool calls are structured `tool_calls`,
-    which the model's chat template renders in its own format. The demo tasks are taken in a fixed seeded
-    order, so the demonstration set is the same in every run. With ``env.chat_template_kwargs.enable_thinking``
-    true, each assistant turn carries a one-line ``reasoning_content`` (`mcprl_tasks.with_reasoning`), which a
-    thinking template renders as the turn's ``<think>`` block. The other tasks (a user's own families) are
-    left to GRPO alone. `sft.family_weights` and `sft.family_noise` set each family's share and teacher noise
-    (`mcprl_tasks.plan_demos`).
+    Each comes from `mcprl_tasks.imperfect_teacher` (at its family's teacher noise) or `mcprl_tasks.ideal_demo`
+    seeded by `run.seed`, in a fixed seeded order of the tasks (`mcprl_tasks.plan_demos` sets each family's
+    share): the demonstration set is the same in every run. Tool calls are structured `tool_calls`, rendered
+    by the model's chat template in its own format; with ``env.chat_template_kwargs.enable_thinking`` each
+    assistant turn carries a one-line ``reasoning_content`` (`mcprl_tasks.with_reasoning`). Tasks of other
+    families (a user's own) are left to GRPO alone.
 
     Raises:
         ConfigError: `required` and no training task belongs to a family with demonstrations, or

@@ -93,7 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="continue a run from its last complete checkpoint (DIR, or the newest run in run.output_dir)",
     )
-    train.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     config = sub.add_parser("config", help="print the resolved config as YAML")
     _add_config_args(config)
     plan = sub.add_parser("plan", help="memory preflight: will the profile fit its devices?")
@@ -253,9 +252,8 @@ def _plots(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from mcprl_train.commands.export import export_checkpoint, hub_token, push_export
 
-    token = (
-        hub_token(args.push_to_hub) if args.push_to_hub is not None else None
-    )  # before anything is written
+    # The hub token is checked before anything is written.
+    token = hub_token(args.push_to_hub) if args.push_to_hub is not None else None
     exported = export_checkpoint(
         args.checkpoint,
         args.output,

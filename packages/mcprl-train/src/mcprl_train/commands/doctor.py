@@ -1,22 +1,12 @@
 """``mcprl-train doctor``: is this machine and this config ready to train? One row per check, a fix per failure.
 
-Checks, in order:
-
-1. installation — every mcprl package imports; the extras the config needs are installed (DeepSpeed for
-   ``distributed.backend=deepspeed``, bitsandbytes for ``quantization=nf4``, peft for LoRA, vLLM for the vLLM
-   sampler, wandb/weave for tracking);
-2. devices — the configured device exists (CUDA device count for ``distributed.num_gpus``, MPS);
-3. API keys — every ``${VAR}`` a configured server references (``ServerConfig.variables``) is set, and
-   ``WANDB_API_KEY`` when weave is on;
-4. MCP servers — the servers ``build.servers_config`` gives load, and each starts on its own and lists its
-   tools (per-server deadline);
-5. task data — the train and validation files parse against the task schema, and every server a task names
-   is configured;
-6. model — ``model.name``'s tokenizer and chat template (no weights): the template shows the tools and renders
-   a sample tool conversation, the tool-call parser reads back the call the template renders, and the
-   embedding has a row for every token id (`mcprl_train.model_checks`, the checks ``train`` runs at start).
-
-Nothing here changes state; servers are started and stopped again.
+Checks, in order: installation (every mcprl package imports; the extras the config needs are installed),
+devices (the configured device exists, CUDA devices for ``distributed.num_gpus``), API keys (every ``${VAR}``
+a configured server references, ``WANDB_API_KEY`` when weave is on), MCP servers (the servers
+`mcprl_train.build.servers_config` gives load, and each starts on its own and lists its tools within a
+deadline), task data (the train and validation files parse against the task schema, every server a task
+names is configured), and the model (`mcprl_train.model_checks`, the checks ``train`` runs at start: tokenizer
+and chat template, no weights). Nothing here changes state; servers are started and stopped again.
 """
 
 from __future__ import annotations
@@ -201,12 +191,12 @@ async def _servers(tools: ServersConfig, deadline_s: float) -> list[CheckResult]
 async def _check_server(server: ServerConfig, alone: ServersConfig, deadline_s: float) -> CheckResult:
     from mcprl_tools import ToolManager, ToolsError
 
-    def failed(detail: str, fix: str) -> CheckResult:
-        return CheckResult(category="servers", name=server.name, ok=False, detail=detail, fix=fix)
+    def row(detail: str, fix: str = "", *, ok: bool = False) -> CheckResult:
+        return CheckResult(category="servers", name=server.name, ok=ok, detail=detail, fix=fix)
 
     unset = [f"${{{var}}}" for var in sorted(server.variables) if var not in os.environ]
     if unset:
-        return failed(
+        return row(
             f"not started: {', '.join(unset)} not set",
             "set the environment variables it references (see the keys rows)",
         )
@@ -215,19 +205,14 @@ async def _check_server(server: ServerConfig, alone: ServersConfig, deadline_s: 
             async with ToolManager(alone) as manager:
                 tools = sorted(t.name for t in manager.tools)
     except TimeoutError:
-        return failed(
+        return row(
             f"no answer within {deadline_s:.0f} s",
             "run the server command by hand and check it speaks MCP on stdio",
         )
     except (ToolsError, OSError) as exc:
         fix = f"check that {server.command!r} is installed and on PATH" if server.command else "check its url"
-        return failed(f"did not start: {exc}", server.redact(fix))
-    return CheckResult(
-        category="servers",
-        name=server.name,
-        ok=True,
-        detail=f"{len(tools)} tools: {', '.join(tools)}" if tools else "0 tools",
-    )
+        return row(f"did not start: {exc}", server.redact(fix))
+    return row(f"{len(tools)} tools: {', '.join(tools)}" if tools else "0 tools", ok=True)
 
 
 # -- tasks ------------------------------------------------------------------------------------------------------

@@ -1,12 +1,8 @@
 """Memory preflight: will a profile's model, optimizer, activations and sampler fit its devices?
 
-`load_model_shape` finds the model's architecture without the network, in this order: the embedded tiny
-presets, the shipped table of common models (`mcprl_train.commands.architectures`), a local directory's
-``config.json``, the Hugging Face cache (``try_to_load_from_cache``); otherwise a `PlanError` says how to
-provide the config. The hub is never contacted, so an unreachable hub costs nothing. `plan_memory` applies the
-memory model (`mcprl_train.commands.memory`, written down in the README) for the config's device, and
-`render_plan` prints it per device with the formula of every row and when it is live.
-
+`load_model_shape` finds the model's architecture without the network (the hub is never contacted);
+`plan_memory` applies the memory model (`mcprl_train.commands.memory`, written down in the README) for the
+config's device, and `render_plan` prints it per device with the formula of every row and when it is live.
 These are estimates for a go/no-go answer before allocation, not a profiler; fragmentation and kernel
 workspaces add a few percent.
 """
@@ -33,7 +29,8 @@ __all__ = ["MemoryPlan", "MemoryRow", "ModelShape", "load_model_shape", "plan_me
 
 
 def load_model_shape(name: str) -> ModelShape:
-    """The shape of ``name``: a tiny preset, a table row, a local directory or a hub id already cached.
+    """The shape of ``name``, looked up in this order: the embedded tiny presets, the shipped table of common
+    models (`mcprl_train.commands.architectures`), a local directory's ``config.json``, the Hugging Face cache.
 
     Raises:
         PlanError: none of them has it (the message says how to provide the config), or its config is not a

@@ -170,8 +170,7 @@ class GRPOConfig:
             (`mcprl_grpo.kl_penalty_rewards`, as verl's ``apply_kl_penalty``) instead of adding the KL term to the
             loss. ``gae`` only: the group estimators take one scalar outcome reward per episode.
         value_coef: Weight of the (clipped) value loss (``gae`` only).
-        gamma: Discount γ (GAE), once per policy token; 1.0 leaves an outcome reward undiscounted over long
-            turns (the seeds' 0.99 is still settable).
+        gamma: Discount γ (GAE), once per policy token; 1.0 keeps an outcome reward undiscounted.
         lam: GAE λ.
         entropy_coef: Entropy bonus weight.
         aggregation: How per-token losses are reduced (`mcprl_grpo.aggregate_loss`;
@@ -181,12 +180,11 @@ class GRPOConfig:
         filter_zero_std: Drop groups whose rewards are all equal and back-fill with fresh groups.
         backfill_rounds: Extra collection rounds per step that replace filtered groups (0 = no back-fill).
         old_logprobs: ``sampler``: the sampler's logprobs are the old policy's (one update per batch);
-            ``recompute``: a no-grad trainer forward before the update (forced when ppo_epochs × minibatches > 1,
-            with ``gae`` or with ``tis``).
+            ``recompute``: a no-grad trainer forward before the update (forced: `recomputes_old_logprobs`).
         value_clip: Clip range of the value loss around the old values (``gae``).
         tis: Truncated importance sampling cap C against sampler/learner mismatch (Yao et al. 2025): the
-            policy-gradient loss of each token is multiplied by ``min(π_learner_old/π_sampler, C)``; None: off.
-            Forces the recompute of old logprobs (the learner's ``π_old`` is what the sampler is compared with).
+            policy-gradient loss of each token is multiplied by ``min(π_learner_old/π_sampler, C)``, the
+            learner's recomputed π_old; None: off.
     """
 
     group_size: int = attrs.field(default=8, validator=v.ge(2))
@@ -211,6 +209,12 @@ class GRPOConfig:
     value_clip: float = attrs.field(default=0.2, validator=v.gt(0.0))
     tis: float | None = attrs.field(default=None, validator=v.optional(v.gt(0.0)))
 
+    @property
+    def recomputes_old_logprobs(self) -> bool:
+        """π_old from a no-grad trainer forward: several updates per batch, ``gae``, ``tis``, or asked for."""
+        many = self.ppo_epochs * self.minibatches > 1
+        return many or self.estimator == "gae" or self.old_logprobs == "recompute" or self.tis is not None
+
 
 @attrs.frozen(kw_only=True)
 class ReferenceConfig:
@@ -231,12 +235,9 @@ class OptimConfig:
 
     ``micro_batch_tokens`` bounds one forward/backward (gradient accumulation over micro-batches);
     ``layout`` is ``packed`` (one row per micro-batch, varlen attention per `model.attn_implementation`; not for
-    models with linear-attention layers), ``padded`` (length-sorted right-padded rows) or ``prefix_grouped`` (each
-    prefix that sequences share, a group's prompt and the turns its episodes agree on, run once and the rest as
-    padded rows over its keys/values: `mcprl_policy.prefix_grouped`; micro-batches filled group by group, the
-    budget counting the tokens computed; full-attention models, one process, no gradient checkpointing);
-    ``logits_chunk_size`` is
-    how many token rows get their vocabulary logits at once (peak logits memory ∝ rows × vocabulary).
+    models with linear-attention layers), ``padded`` (length-sorted right-padded rows) or ``prefix_grouped``
+    (`mcprl_policy.prefix_grouped`: a shared prefix such as a group's prompt runs once, micro-batches are filled
+    group by group); ``logits_chunk_size`` is how many token rows get their vocabulary logits at once.
     ``compile`` runs the update's forward and backward through the policy's decoder layers compiled by
     ``torch.compile`` (inductor, dynamic shapes; `mcprl_policy.compiled.CompiledLayers`): not the eager bits (within
     float tolerance), a compile of tens of seconds on the first updates, on CPU (a C++ compiler) or CUDA (triton),
@@ -265,7 +266,7 @@ class OptimConfig:
 
 
 SFTLayout = Literal["auto", "packed", "padded"]
-"""The warm start's forward layout: ``auto`` packs where attention is varlen (`warm_start.sft_layout`)."""
+"""The warm start's forward layout (``auto``: packed where attention is varlen, `warm_start.sft_layout`)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -276,9 +277,8 @@ class SFTConfig:
     optimizer; packing uses ``optim.micro_batch_tokens``). ``teacher_noise`` is the fraction of demonstrations
     written by the imperfect teacher (`mcprl_tasks.imperfect_teacher`; the rest are ideal); ``teacher_typos`` is
     that teacher's chance per ticker lookup (at most once per demonstration) to mistype the ticker, read the
-    server's error and retry with the right one (its ``p_typo``). ``eval_every``
-    validates every N SFT steps (0: only after the stage); ``max_time_s`` ends the stage after that many
-    seconds (the continued-SFT baseline of the demo uses it to match GRPO's wall-clock).
+    server's error and retry with the right one (its ``p_typo``). ``eval_every`` validates every N SFT steps
+    (0: only after the stage); ``max_time_s`` ends the stage after that many seconds.
 
     ``demos_path`` reads demonstrations from a JSONL file of chat messages (one
     ``{"task_id", "messages", "tools"?}`` per line, assistant calls as structured ``tool_calls``; see
@@ -292,9 +292,8 @@ class SFTConfig:
     ``family_weights`` mixes the scripted demonstrations by task family (`mcprl_tasks.demo_mix.plan_demos`):
     each family's share of ``demos`` is proportional to its weight (an unnamed family weighs 1; empty: the
     tasks as they come, in proportion to the training set). ``family_noise`` sets ``teacher_noise`` per family.
-    ``layout`` is the forward's layout (micro-batches of ``optim.micro_batch_tokens`` either way): ``packed``
-    (one row per micro-batch), ``padded`` (right-padded rows), or ``auto``: packed where the model's attention is
-    varlen (``model.attn_implementation`` auto, on CPU too) and it has no linear-attention layers.
+    ``layout`` is the forward's layout (`SFTLayout`): ``packed`` (one row per micro-batch) or ``padded``
+    (right-padded rows), micro-batches of ``optim.micro_batch_tokens`` either way.
     """
 
     enabled: bool = False

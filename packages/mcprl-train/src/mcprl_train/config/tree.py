@@ -14,11 +14,6 @@ The tree composes the libraries' own configs as they are: ``env`` is `mcprl_env.
 ``sampling.top_k``). Unknown keys are an error naming the key path and the nearest valid key; wrong values
 are an error naming the key, the value and what was expected. ``Config.to_dict()`` is the resolved config a
 run saves.
-
-Example:
-    >>> cfg = Config.load(profile="cpu", overrides=["grpo.group_size=8"])
-    >>> cfg.grpo.group_size
-    8
 """
 
 from __future__ import annotations
@@ -188,12 +183,7 @@ class Config:
                 "differ between ranks (and the collection would need weights the update does not change: "
                 "distributed.sampling=replica); set collection.overlap=false"
             )
-        recompute = (
-            grpo.ppo_epochs * grpo.minibatches > 1
-            or grpo.estimator == "gae"
-            or grpo.old_logprobs == "recompute"
-        )
-        if recompute and grpo.tis is None:
+        if grpo.recomputes_old_logprobs and grpo.tis is None:
             raise ConfigError(
                 f"collection.overlap: true recomputes π_old with the learner's newer weights here (grpo.ppo_epochs="
                 f"{grpo.ppo_epochs}, grpo.minibatches={grpo.minibatches}, grpo.estimator={grpo.estimator}, "
@@ -235,12 +225,7 @@ class Config:
         config_file: str | Path | None = None,
         overrides: Sequence[str] = (),
     ) -> Config:
-        """Resolve defaults ← profile ← ``config_file`` ← ``overrides`` into a validated config.
-
-        Args:
-            profile: A shipped profile name (`list_profiles`) or None for the bare defaults.
-            config_file: A YAML/JSON file with any subset of the tree.
-            overrides: ``"section.key=value"`` strings; values are parsed as YAML (``3``, ``true``, ``[a, b]``).
+        """Resolve defaults ← ``profile`` (None: none) ← ``config_file`` ← ``overrides`` (module docstring).
 
         Raises:
             ConfigError: unknown profile, unreadable file, unknown key, or invalid value.

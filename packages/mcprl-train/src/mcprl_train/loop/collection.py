@@ -8,6 +8,8 @@ episodes died of them is re-run (bounded retries), leftovers stay masked out of 
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
@@ -16,7 +18,6 @@ import attrs
 import structlog
 
 from mcprl_env import Environment, EpisodeGroup, Sampler, Task, aggregate_metrics
-from mcprl_train import collectives
 from mcprl_train.errors import InvalidRateError
 
 logger = structlog.get_logger()
@@ -77,10 +78,7 @@ class Collection:
     @classmethod
     def concat(cls, parts: Sequence[Collection]) -> Collection:
         """The parts (ranks, back-fill rounds) as one collection."""
-        out = cls(groups=[], attempts=[], discarded=[])
-        for part in parts:
-            out += part
-        return out
+        return functools.reduce(operator.add, parts, cls(groups=[], attempts=[], discarded=[]))
 
     def retry_metrics(self) -> dict[str, float]:
         """Invalid counts before the retries, and the retries that ran.
@@ -152,19 +150,15 @@ async def collect_groups(
         on_group: Called with each group as it finishes (progress bars).
         seed: The collection's sampling seed (`mcprl_env.turn_seed` derives each turn's seed from it and the
             episode id, retries included); None: the sampler's own randomness.
-
-    Returns:
-        One group per task, in task order, with the attempt each came from and the discarded attempts.
     """
-    groups = await env.run_groups(
-        tasks,
-        sampler,
+    run = functools.partial(
+        env.run_groups,
+        sampler=sampler,
         group_size=group_size,
         max_concurrent_episodes=max_concurrent_episodes,
-        namespace=namespace,
-        on_group=on_group,
         seed=seed,
     )
+    groups = await run(tasks, namespace=namespace, on_group=on_group)
     attempts = [0] * len(groups)
     discarded: list[Discarded] = []
     for attempt in range(1, max_retries + 1):
@@ -181,50 +175,11 @@ async def collect_groups(
         discarded += [
             Discarded(attempt=attempts[i], group=groups[i], reason=discard_reason(groups[i])) for i in bad
         ]
-        again = await env.run_groups(
-            [tasks[i] for i in bad],
-            sampler,
-            group_size=group_size,
-            max_concurrent_episodes=max_concurrent_episodes,
-            namespace=f"{namespace or 'rollout'}.retry{attempt}",
-            seed=seed,
-        )
+        again = await run([tasks[i] for i in bad], namespace=f"{namespace or 'rollout'}.retry{attempt}")
         for i, g in zip(bad, again, strict=True):
             groups[i] = g
             attempts[i] = attempt
     return Collection(groups=groups, attempts=attempts, discarded=discarded)
-
-
-async def collect_share(
-    env: Environment,
-    tasks: Sequence[Task],
-    sampler: Sampler,
-    *,
-    group_size: int,
-    max_concurrent_episodes: int,
-    max_retries: int,
-    namespace: str,
-    on_group: Callable[[EpisodeGroup], None] | None = None,
-    seed: int | None = None,
-) -> tuple[Collection, Collection]:
-    """`collect_groups` on this rank's share of ``tasks``; ``(this rank's collection, every rank's)`` (collective).
-
-    Every rank takes the same tasks; a task's group never spans ranks, so its advantages need no
-    communication. In one process both are the same groups. ``seed`` does not depend on the rank: an
-    episode's id and turn pick its samples, whatever the number of ranks.
-    """
-    mine = await collect_groups(
-        env,
-        collectives.shard(tasks, collectives.rank(), collectives.world_size()),
-        sampler,
-        group_size=group_size,
-        max_concurrent_episodes=max_concurrent_episodes,
-        max_retries=max_retries,
-        namespace=namespace,
-        on_group=on_group,
-        seed=seed,
-    )
-    return mine, Collection.concat(collectives.all_gather_objects(mine))
 
 
 def check_invalid_rate(groups: Sequence[EpisodeGroup], max_invalid_rate: float) -> float:
@@ -280,9 +235,6 @@ class StepMetered(Protocol):
 
 def tool_step_metrics(env: Environment) -> dict[str, float]:
     """This process's tool-server events since the previous call: `tools/step/restarts`, `.../crashes`,
-    `.../timeouts`, `.../infra_errors`, `.../queue_wait_max_ms`, per server too (`ToolManager.step_metrics`).
-
-    The trainer reads them after each validation too (into its record as ``val/tools/step/*``), so a step's
-    count is its own. Empty for a tool caller that does not report them.
-    """
+    `.../timeouts`, `.../infra_errors`, `.../queue_wait_max_ms`, per server too (`ToolManager.step_metrics`);
+    empty for a tool caller that does not report them."""
     return env.manager.step_metrics() if isinstance(env.manager, StepMetered) else {}

@@ -1,9 +1,5 @@
-"""Validation: the policy on held-out tasks, one episode each, greedy unless configured otherwise.
-
-Used by the loop every `eval.every` steps (and before/after each stage) and by
-`mcprl-train eval --checkpoint DIR`. Metrics are `val/*`: success rate, reward, turns, tool error rates, and
-success per task family when tasks carry `metadata.family`.
-"""
+"""Validation: the policy on held-out tasks, one episode each, greedy unless configured otherwise (the loop's
+validations and ``mcprl-train eval``)."""
 
 from __future__ import annotations
 
@@ -68,9 +64,7 @@ def evaluation_metrics(
     tasks: Sequence[Task], groups: Sequence[EpisodeGroup], *, prefix: str = "val", elapsed_s: float
 ) -> dict[str, float]:
     """Metrics of evaluated groups (one per task, aligned with `tasks`): `rollout_metrics` re-rooted under
-    `prefix`, success per task family, and `<prefix>/time_s`.
-
-    """
+    `prefix`, success per task family, and `<prefix>/time_s`."""
     metrics = rollout_metrics(groups, prefix=prefix)
     by_family: dict[str, list[float]] = defaultdict(list)
     for task, group in zip(tasks, groups, strict=True):

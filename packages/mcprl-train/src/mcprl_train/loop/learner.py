@@ -1,26 +1,20 @@
 """The update half of the loop: episode groups → advantages → packed PPO/GRPO optimizer steps.
 
-The math (advantages, GAE, clipped surrogate, KL, value loss, aggregation, ratio metrics) is mcprl-grpo's; the
-forward pass over packed sequences is mcprl-policy's. This module owns the orchestration around them:
-training targets from episodes, zero-variance filtering, one packing per iteration reused by every pass,
-minibatches × PPO epochs, gradient accumulation over micro-batches with a global normaliser (so the split
-never changes the objective), the scheduler, the reference's EMA/re-sync (`reference.every`), truncated importance
-weights against the sampler (`grpo.tis`), and the ratio-health check: ratios that stay
-exactly 1 after an optimizer step stop the run with a diagnosis (no gradient reached the trainable parameters)
-instead of being papered over.
-
-Where the forward, backward and optimizer step run is the `mcprl_train.loop.update.UpdateBackend` the learner is
-given (this process, or a DeepSpeed engine). The loss normaliser and the ratio-health signals are reduced over
-the data-parallel ranks with `mcprl_train.collectives` (the identity in one process), so the update is the one a
-single process would make on every rank's samples together.
+The math is mcprl-grpo's and the packed forward mcprl-policy's; this module owns the orchestration: training
+targets from episodes, zero-variance filtering, one packing per iteration reused by every pass, minibatches ×
+PPO epochs, gradient accumulation with a global normaliser (so the split never changes the objective), the
+scheduler, the reference's EMA/re-sync, truncated importance weights (`grpo.tis`), and the ratio-health check
+(`check_ratio_health`). The update runs on the given `mcprl_train.loop.update.UpdateBackend`; the normaliser
+and the ratio-health signals are reduced over the ranks (`mcprl_train.collectives`), so every rank makes the
+update one process would make on all their samples.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 import structlog
 import torch
@@ -48,38 +42,10 @@ from mcprl_train.config import Config
 from mcprl_train.errors import CheckpointError, RatioHealthError
 from mcprl_train.loop.samples import MicroBatch, Sample, episode_sample, micro_batch, pack_indices
 from mcprl_train.loop.targets import kl_reward_metrics, old_policy_targets, sampler_mismatch
-from mcprl_train.loop.update import TorchBackend, UpdateBackend
+from mcprl_train.loop.update import KLReference, TorchBackend, UpdateBackend
 from mcprl_train.typed_torch import tensor_list
 
 logger = structlog.get_logger()
-
-
-class KLReference(Protocol):
-    """The KL reference the learner reads and moves: `mcprl_policy.ReferencePolicy` (one process, ZeRO 0-2) or
-    a ZeRO-3 partitioned one (`mcprl_train.parallel.ds_reference`), where `logprobs` is collective."""
-
-    @property
-    def shares_weights(self) -> bool:
-        """Whether the reference is the policy's own base weights (LoRA): nothing to move or checkpoint."""
-        ...
-
-    def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> PackedForward:
-        """Per-token reference logprobs of packed ``sequences`` (no autograd)."""
-        ...
-
-    def update(self, *, ema: float) -> None:
-        """``ref ← ema·ref + (1-ema)·policy``."""
-        ...
-
-    def sync(self) -> None:
-        """Copy the policy's weights into the reference."""
-        ...
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """What the learner's checkpointed state holds of the reference."""
-        ...
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
 
 
 def split_minibatches(num_items: int, num: int, rng: random.Random) -> list[list[int]]:
@@ -90,8 +56,10 @@ def split_minibatches(num_items: int, num: int, rng: random.Random) -> list[list
     return [idx[k::num] for k in range(num)]
 
 
-def warmup_lambda(warmup_steps: int, total_steps: int, schedule: str) -> Callable[[int], float]:
-    """LR multiplier per scheduler step: linear warmup, then constant, linear or cosine decay to 0."""
+def lr_schedule(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, schedule: str
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The LR multiplier per scheduler step: linear warmup, then constant, linear or cosine decay to 0."""
 
     def fn(step: int) -> float:
         if warmup_steps > 0 and step < warmup_steps:
@@ -107,7 +75,7 @@ def warmup_lambda(warmup_steps: int, total_steps: int, schedule: str) -> Callabl
             case _:
                 raise ValueError(f"unknown lr schedule {schedule!r}")
 
-    return fn
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
 def check_ratio_health(
@@ -121,9 +89,7 @@ def check_ratio_health(
     Raises:
         RatioHealthError: with a diagnosis naming the likely cause.
     """
-    if optimizer_steps == 0 or max_abs_dev != 0.0:
-        return
-    if grad_norm == 0.0 and not signal:
+    if optimizer_steps == 0 or max_abs_dev != 0.0 or (grad_norm == 0.0 and not signal):
         return
     if grad_norm == 0.0 or not math.isfinite(grad_norm):
         cause = (
@@ -186,8 +152,8 @@ class Learner:
             raise ValueError("grpo.kl_coef > 0 needs a reference policy")
         self.backend = backend if backend is not None else TorchBackend(policy, config.optim)
         self.optimizer = self.backend.optimizer
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, warmup_lambda(self.optim_cfg.warmup_steps, total_steps, self.optim_cfg.scheduler)
+        self.scheduler = lr_schedule(
+            self.optimizer, self.optim_cfg.warmup_steps, total_steps, self.optim_cfg.scheduler
         )
         self.rng = random.Random(seed)
 
@@ -197,10 +163,8 @@ class Learner:
 
     @property
     def recompute_old(self) -> bool:
-        """Old logprobs from a trainer forward: several updates per batch, GAE, TIS, or asked for."""
-        many = self.grpo.ppo_epochs * self.grpo.minibatches > 1
-        asked = self.grpo.old_logprobs == "recompute" or self.grpo.tis is not None
-        return many or self.needs_values or asked
+        """`mcprl_train.config.GRPOConfig.recomputes_old_logprobs`."""
+        return self.grpo.recomputes_old_logprobs
 
     @property
     def reference_copy(self) -> KLReference | None:

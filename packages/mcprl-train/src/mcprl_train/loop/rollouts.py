@@ -3,9 +3,8 @@
 `Rollouts` owns the rollout sampler and the greedy evaluation sampler. Each sampling request of a step carries
 its own seed, derived from (``run.seed``, step, episode id, turn) (`collection_seed`, `mcprl_env.turn_seed`),
 so a step samples alike in a resumed and an uninterrupted run whatever order tool latency gives the requests;
-the rollout sampler is also rebuilt per step with a step-seeded generator for anything unseeded. `Rollouts`
-keeps the samplers on the newest trained weights (`sync`), and runs this rank's share of a step's task groups
-(`collect`) and of a validation (`validate`). The learning side is `mcprl_train.loop.learner`; the trainer alternates the two.
+the rollout sampler is also rebuilt per step with a step-seeded generator for anything unseeded. The learning
+side is `mcprl_train.loop.learner`; the trainer alternates the two.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from mcprl_env import Environment, Task, derive_seed
 from mcprl_policy import Policy, PolicySampler
 from mcprl_train import build, collectives
 from mcprl_train.config import Config
-from mcprl_train.loop.collection import Collection, collect_share
+from mcprl_train.loop.collection import Collection, collect_groups
 from mcprl_train.loop.evaluation import evaluate_tasks
 from mcprl_train.loop.snapshot import SamplingSnapshot
 from mcprl_train.loop.state import sampler_seed
@@ -121,13 +120,18 @@ class Rollouts:
     async def collect(
         self, tasks: Sequence[Task], step: int, *, round_: int
     ) -> tuple[Collection, Collection]:
-        """Run this rank's share of ``tasks``; returns ``(this rank's collection, every rank's)``."""
+        """Run this rank's share of ``tasks``; returns ``(this rank's collection, every rank's)`` (collective).
+
+        Every rank takes the same tasks; a task's group never spans ranks, so its advantages need no
+        communication. In one process both are the same groups. The seed does not depend on the rank: an
+        episode's id and turn pick its samples, whatever the number of ranks.
+        """
         cfg = self.config
         label = f"collect step {step}" + (f" (back-fill {round_})" if round_ else "")
         self.progress.work(label, total=-(-len(tasks) // self.world))
-        return await collect_share(
+        mine = await collect_groups(
             self.env,
-            tasks,
+            collectives.shard(tasks, self.rank, self.world),
             self.sampler,
             group_size=cfg.grpo.group_size,
             max_concurrent_episodes=cfg.collection.max_concurrent_episodes,
@@ -136,6 +140,7 @@ class Rollouts:
             on_group=lambda _group: self.progress.advance(),
             seed=collection_seed(cfg.run.seed, step),
         )
+        return mine, Collection.concat(collectives.all_gather_objects(mine))
 
     async def validate(self, tasks: Sequence[Task], *, label: str, namespace: str) -> dict[str, float]:
         """`val/*` metrics over every rank's share of ``tasks`` (collective), from the weights last `sync`ed.

@@ -17,7 +17,7 @@ import attrs
 from mcprl_train.loop.task_stream import StreamPosition
 from mcprl_train.typed_torch import manual_seed
 
-__all__ = ["Stage", "TrainState", "sampler_seed", "seed_everything", "step_seed"]
+__all__ = ["Stage", "TrainState", "sampler_seed", "seed_everything"]
 
 Stage = Literal["sft", "grpo", "done"]
 
@@ -61,12 +61,8 @@ def seed_everything(seed: int) -> None:
 
 def sampler_seed(seed: int, step: int, rank: int) -> int:
     """Rank ``rank``'s sampler seed at GRPO step ``step``: ranks sample differently, a resumed step alike."""
-    return (step_seed(seed, step) + 7_919 * rank) % (2**31 - 1)
-
-
-def step_seed(seed: int, step: int) -> int:
-    """A per-step sampler seed: step ``step`` samples the same way whether or not the run was resumed."""
-    return (seed * 1_000_003 + step * 7_919) % (2**31 - 1)
+    step_seed = (seed * 1_000_003 + step * 7_919) % (2**31 - 1)
+    return (step_seed + 7_919 * rank) % (2**31 - 1)
 
 
 @contextmanager

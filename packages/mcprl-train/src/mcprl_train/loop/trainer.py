@@ -4,12 +4,12 @@ One `Trainer` serves one process and every rank of a data-parallel run alike: ra
 `mcprl_train.collectives` (rank 0 of 1 without a process group); every rank takes the same tasks, collects its
 share and all-gathers the groups, so the checks, the back-fill decision and the logged metrics agree; each rank
 learns on its own groups through the learner's `UpdateBackend`. Rank 0 alone writes to the sinks; a
-checkpoint is collective. Resume restores the last complete checkpoint (weights, optimizer, scheduler, RNG,
-task-stream position, stage, step), so the next step equals the one an uninterrupted run would have taken.
+checkpoint is collective, and a resumed run takes the step an uninterrupted run would have taken next.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -60,8 +60,7 @@ class Trainer:
             tracker). Rank 0 alone writes to any sink.
         hooks: Called as `hook(event, trainer)` at `before_rollout`, `after_rollout`, `after_update`,
             `after_step`, `after_checkpoint` (tests use them to inspect or interrupt a run).
-        progress: Progress bars (`mcprl_train.run.progress.RunProgress`); None builds them from
-            `tracking.progress` (shown only on a terminal, and only by rank 0).
+        progress: Progress bars; None: from `tracking.progress` (only on a terminal, only on rank 0).
     """
 
     def __init__(
@@ -137,7 +136,8 @@ class Trainer:
         train_set, self.val_tasks = self.tasks or build.load_tasks(cfg)  # before anything heavy
         demos = build.load_demos(cfg) if cfg.sft.enabled else []  # a bad demonstrations file fails here too
         self.stream = TaskStream(train_set, seed=cfg.run.seed)
-        loaded = self.find_checkpoint() if self.resume else None
+        latest = self.run_dir.checkpoints.load_latest() if self.resume and self.is_writer else None
+        loaded = collectives.broadcast_object(latest) if self.resume else None
         tools = tool_manager(cfg, self.run_dir.path, world_size=self.world)  # a bad cassette fails first
         self.build_learning(loaded)
         async with tools as manager:
@@ -155,23 +155,17 @@ class Trainer:
             with self.progress, frozen_heap():
                 return await self.stages()
 
-    def find_checkpoint(self) -> Checkpoint | None:
-        """The checkpoint to resume from: rank 0 picks the newest verified one, every rank gets it."""
-        loaded = self.run_dir.checkpoints.load_latest() if self.is_writer else None
-        return collectives.broadcast_object(loaded)
-
     def build_learning(self, loaded: Checkpoint | None) -> None:
         """Policy (restored weights when `loaded`) and its update backend, samplers, reference and learner."""
         cfg = self.config
         self.backend = self.backend_factory(str(loaded.subdir("policy")) if loaded else None)
         self.policy.train()
-        sampling = self.backend.sampling_policy
         self.learner = Learner(
             policy=self.policy,
             config=cfg,
             total_steps=cfg.run.steps,
             seed=cfg.run.seed,
-            reference=build.build_reference(cfg, sampling, backend=self.backend),
+            reference=build.build_reference(cfg, self.backend),
             backend=self.backend,
         )
         self.backend.publish()
@@ -199,8 +193,7 @@ class Trainer:
         while self.state.stage == "grpo" and self.state.step < cfg.run.steps:
             await self.grpo_step()
             self.progress.step_done()
-            every = cfg.eval.every
-            if every and self.state.step % every == 0 and self.state.step < cfg.run.steps:
+            if cfg.eval.every and self.state.step % cfg.eval.every == 0 and self.state.step < cfg.run.steps:
                 await self.evaluate("periodic")
             if cfg.run.checkpoint_every and self.state.step % cfg.run.checkpoint_every == 0:
                 self.checkpoint()
@@ -245,37 +238,46 @@ class Trainer:
         With ``collection.overlap`` step k+1 is collected while step k's update runs (`mcprl_train.loop.overlap`),
         except before a scheduled checkpoint and after the last step: a checkpoint then holds nothing in flight.
         """
-        assert self.learner is not None
+        learner = self.learner
+        assert learner is not None
+        assert self.stream is not None
+        assert self.rollouts is not None
         cfg = self.config
         step = self.state.step + 1
         t0 = time.perf_counter()
+        # Both collections sample from the weights the samplers hold now: the update's sync comes after them.
+        collect = functools.partial(
+            collect_step,
+            cfg,
+            stream=self.stream,
+            rollouts=self.rollouts,
+            learner=learner,
+            sampled_after=self.synced_step,
+        )
         ready = self.pending
         self.pending = None
         if ready is None:
             self.emit("before_rollout")
             self.phases.announce("collection", self.state, step=step)
-            ready = await self.collect(step)
+            ready = await collect(step)
             self.emit("after_rollout")
         self.last_step_tasks = ready.task_ids
         self.state.position = ready.position
         every = cfg.run.checkpoint_every
         prefetch = cfg.collection.overlap and step < cfg.run.steps and not (every and step % every == 0)
         self.progress.work_done()
-        learner = self.learner
-        assert self.rollouts is not None
         self.rollouts.release_memory()
         self.phases.announce("update_and_collection" if prefetch else "update", self.state, step=step)
         learned, self.pending = await learn_while_collecting(
             lambda: learn_step(learner, ready.samples, step),
-            (lambda: self.collect(step + 1)) if prefetch else None,
+            (lambda: collect(step + 1)) if prefetch else None,
         )
         self.sync_sampler()
         self.synced_step = step
         self.emit("after_update")
         self.state.step = step
         elapsed = time.perf_counter() - t0
-        everyone = ready.collected.groups
-        n_tokens = sum(len(e.token_ids) for g in everyone for e in g.episodes)
+        n_tokens = sum(len(e.token_ids) for g in ready.collected.groups for e in g.episodes)
         metrics = ready.metrics | learned | {"perf/step_s": elapsed, "time/elapsed_s": self.elapsed()}
         metrics["perf/tokens_per_s"] = n_tokens / max(1e-9, elapsed)
         self.phases.announce("records", self.state, step=step)
@@ -283,20 +285,6 @@ class Trainer:
         self.sinks.write_episodes(step, ready.collected.trajectory_records())
         self.emit("after_step")
         return metrics
-
-    async def collect(self, step: int) -> CollectedStep:
-        """Step ``step``'s collection from the weights the samplers hold now (`collect_step`)."""
-        assert self.stream is not None
-        assert self.rollouts is not None
-        assert self.learner is not None
-        return await collect_step(
-            self.config,
-            step,
-            stream=self.stream,
-            rollouts=self.rollouts,
-            learner=self.learner,
-            sampled_after=self.synced_step,
-        )
 
     def sync_sampler(self) -> None:
         """Publish the trained weights to the sampling policy and the samplers."""
@@ -311,8 +299,7 @@ class Trainer:
         self.phases.announce("evaluation", self.state, tag=tag)
         namespace = f"eval-{tag}-{self.state.sft_step}-{self.state.step}"
         metrics = await self.rollouts.validate(self.val_tasks, label=tag, namespace=namespace)
-        # The validation's own tool events: left in the counters they would join the next GRPO step's, which
-        # then would depend on whether the run was resumed in between.
+        # Its own tool events: left in the counters they would join the next step's, which a resume changes.
         metrics.update({f"val/{k}": v for k, v in tool_step_metrics(self.rollouts.env).items()})
         metrics["time/elapsed_s"] = self.elapsed()
         self.log_metrics("eval", self.state.step, metrics, tag=tag)
@@ -365,10 +352,8 @@ class Trainer:
         self.emit("after_checkpoint")
 
     def restore(self, loaded: Checkpoint | None) -> None:
-        """Restore from a loaded checkpoint (weights were loaded with the policy); rewind the logs to it.
-
-        Without a checkpoint the run starts over and the logs are cleared.
-        """
+        """Restore from a loaded checkpoint (weights were loaded with the policy) and rewind the logs to it;
+        without a checkpoint the run starts over and the logs are cleared."""
         assert self.learner is not None
         assert self.stream is not None
         assert self.backend is not None
@@ -393,11 +378,8 @@ class Trainer:
         logger.info("resumed", checkpoint=loaded.path.name, stage=self.state.stage, step=self.state.step)
 
     def finish(self) -> dict[str, Any]:
-        """Hand the run's summary to the sinks (`summary.json`, the console) and return it.
-
-        In a data-parallel run every rank also writes ``ranks/rank-<r>.json`` with a digest of the weights it
-        samples from: equal digests show every rank finished with the same weights.
-        """
+        """Hand the run's summary to the sinks (`summary.json`, the console) and return it; in a data-parallel
+        run every rank also writes its record of the weights it finished with (`mcprl_train.run.ranks`)."""
         self.phases.announce("summary", self.state)
         summary = run_summary(
             self.history,

@@ -1,4 +1,5 @@
-"""Where the learner's update runs: the `UpdateBackend` seam and its one-process implementation.
+"""Where the learner's update runs: the `UpdateBackend` seam (with the `KLReference` it may partition) and
+its one-process implementation.
 
 The learner (`mcprl_train.loop.learner`) owns what an update computes; a backend owns where the trained model
 lives, how an optimizer step happens there, which weights the samplers read and what a checkpoint holds beyond
@@ -12,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 import torch
@@ -24,12 +25,43 @@ from mcprl_train.errors import RatioHealthError
 from mcprl_train.loop.samples import Sample
 from mcprl_train.typed_torch import optimizer_step
 
-__all__ = ["CheckpointWriter", "TorchBackend", "UpdateBackend", "adamw"]
+if TYPE_CHECKING:
+    from mcprl_policy.weight_push import ParameterGather
+
+__all__ = ["CheckpointWriter", "KLReference", "TorchBackend", "UpdateBackend", "adamw"]
 
 logger = structlog.get_logger()
 
 CheckpointWriter = Callable[[Path], None]
 """Writes one part of a checkpoint into the directory it is given (see `mcprl_train.run.checkpoint`)."""
+
+
+class KLReference(Protocol):
+    """The KL reference the learner reads and moves: `mcprl_policy.ReferencePolicy` (one process, ZeRO 0-2) or
+    a ZeRO-3 partitioned one (`mcprl_train.parallel.ds_reference`), where `logprobs` is collective."""
+
+    @property
+    def shares_weights(self) -> bool:
+        """Whether the reference is the policy's own base weights (LoRA): nothing to move or checkpoint."""
+        ...
+
+    def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> PackedForward:
+        """Per-token reference logprobs of packed ``sequences`` (no autograd)."""
+        ...
+
+    def update(self, *, ema: float) -> None:
+        """``ref ← ema·ref + (1-ema)·policy``."""
+        ...
+
+    def sync(self) -> None:
+        """Copy the policy's weights into the reference."""
+        ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """What the learner's checkpointed state holds of the reference."""
+        ...
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
 
 
 class UpdateBackend(Protocol):
@@ -101,6 +133,14 @@ class UpdateBackend(Protocol):
         """Facts a checkpoint records about the layout it was saved from (world size, ZeRO stage)."""
         ...
 
+    def partitioned_reference(self) -> KLReference | None:
+        """A KL reference partitioned like the parameters (ZeRO-3); None: a full copy of `sampling_policy`."""
+        ...
+
+    def weight_gather(self) -> ParameterGather | None:
+        """How a vLLM push gathers partitioned parameters, one bucket at a time; None: they are full."""
+        ...
+
 
 def adamw(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.AdamW:
     """The AdamW of ``optim`` over ``params``.
@@ -112,11 +152,7 @@ def adamw(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.opt
     if not params:
         raise RatioHealthError("the policy has no trainable parameter (requires_grad is False everywhere)")
     return torch.optim.AdamW(
-        params,
-        lr=optim.lr,
-        betas=(optim.betas[0], optim.betas[1]),
-        eps=optim.eps,
-        weight_decay=optim.weight_decay,
+        params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
     )
 
 
@@ -205,3 +241,9 @@ class TorchBackend:
 
     def checkpoint_meta(self) -> dict[str, Any]:
         return {}
+
+    def partitioned_reference(self) -> None:
+        """None: the parameters are full."""
+
+    def weight_gather(self) -> None:
+        """None: the parameters are full."""

@@ -29,7 +29,7 @@ from mcprl_train.config.sections import SFTLayout
 from mcprl_train.errors import DemonstrationError
 from mcprl_train.loop.chat_mask import prefix_diff_targets
 from mcprl_train.loop.demo_file import Demonstration
-from mcprl_train.loop.learner import warmup_lambda
+from mcprl_train.loop.learner import lr_schedule
 from mcprl_train.loop.samples import pack_indices
 from mcprl_train.loop.task_stream import IndexedTasks
 from mcprl_train.typed_torch import optimizer_step
@@ -83,37 +83,33 @@ def render_example(
             refuses the conversation (raises), or its rendering cannot give one token sequence (see
             `prefix_diff_targets`).
     """
-    try:
-        return _render(tokenizer, messages, tools, template_kwargs=template_kwargs, end_of_turn=end_of_turn)
-    except jinja2.TemplateError as e:
-        # A template refuses what it cannot render (Llama 3.1: one tool call per assistant message).
-        raise DemonstrationError(f"the model's chat template refuses it: {e}") from e
-
-
-def _render(
-    tokenizer: ChatTokenizer,
-    messages: Sequence[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    *,
-    template_kwargs: dict[str, Any] | None,
-    end_of_turn: Collection[int] | None,
-) -> SFTExample:
     weights = [_weight(m) for m in messages if m.get("role") == "assistant"]
     clean = [{k: v for k, v in m.items() if k != "weight"} for m in messages]
     kwargs = dict(template_kwargs or {})
-    marked = _generation_mask(tokenizer, clean, tools, kwargs) if _has_generation_markers(tokenizer) else None
-    if marked is not None:
-        ids, mask = marked
-        if 0 in weights:
-            mask = _drop_spans(mask, weights)
-    else:
-        if end_of_turn is None:
-            if tokenizer.eos_token_id is None:
-                raise DemonstrationError("the tokenizer has no eos token to end an assistant turn with")
-            end_of_turn = {tokenizer.eos_token_id}
-        ids, mask = prefix_diff_targets(
-            tokenizer, clean, weights, tools=tools or None, template_kwargs=kwargs, end_of_turn=end_of_turn
+    try:
+        marked = (
+            _generation_mask(tokenizer, clean, tools, kwargs) if _has_generation_markers(tokenizer) else None
         )
+        if marked is not None:
+            ids, mask = marked
+            if 0 in weights:
+                mask = _drop_spans(mask, weights)
+        else:
+            if end_of_turn is None:
+                if tokenizer.eos_token_id is None:
+                    raise DemonstrationError("the tokenizer has no eos token to end an assistant turn with")
+                end_of_turn = {tokenizer.eos_token_id}
+            ids, mask = prefix_diff_targets(
+                tokenizer,
+                clean,
+                weights,
+                tools=tools or None,
+                template_kwargs=kwargs,
+                end_of_turn=end_of_turn,
+            )
+    except jinja2.TemplateError as e:
+        # A template refuses what it cannot render (Llama 3.1: one tool call per assistant message).
+        raise DemonstrationError(f"the model's chat template refuses it: {e}") from e
     if not any(mask):
         raise DemonstrationError("no assistant tokens to train on (or every assistant message has weight 0)")
     return SFTExample(token_ids=ids, assistant_mask=mask)
@@ -127,9 +123,8 @@ def render_demonstrations(
     *,
     end_of_turn: Collection[int] | None = None,
 ) -> list[SFTExample]:
-    """Render demonstrations with the tool schemas and template arguments the environment uses for each task,
-    so the tokens the model imitates are the tokens it will later sample: the model's own chat template
-    renders the structured ``tool_calls`` in its own tool-call format.
+    """Render demonstrations with the tool schemas and template arguments the environment uses for each task
+    (module docstring); the model's own chat template renders the structured ``tool_calls`` in its format.
 
     Raises:
         DemonstrationError: naming the demonstration (its source and task id) and the problem: an unknown
@@ -237,10 +232,9 @@ def _drop_spans(mask: list[int], weights: list[int]) -> list[int]:
 def sft_layout(requested: SFTLayout, policy: Policy) -> SupervisedLayout:
     """The layout of the warm start's forward: ``auto`` is ``packed`` where attention is varlen, else ``padded``.
 
-    Packed micro-batches with varlen attention (no padding) measured faster than length-sorted padded ones for
-    the demo's SFT step on CPU (benchmarks/RESULTS.md, "warm start speed (issue 17)"). Without a varlen kernel
-    (``sdpa``, ``eager``) a packed row attends through an ``N × N`` block-diagonal mask, and models with
-    linear-attention layers cannot be packed at all (`mcprl_policy.attention.is_packable`): both get padded.
+    Packed micro-batches with varlen attention carry no padding. Without a varlen kernel (``sdpa``, ``eager``) a
+    packed row attends through an ``N × N`` block-diagonal mask, and models with linear-attention layers cannot
+    be packed at all (`mcprl_policy.attention.is_packable`): both get padded.
     """
     match requested:
         case "auto":
@@ -285,11 +279,9 @@ class SFTStage:
         self.config = sft
         self.optim = optim
         self.examples = list(examples)
-        params = [p for p in policy.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=0.0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, warmup_lambda(sft.warmup_steps, self.total_steps, sft.scheduler)
-        )
+        self.params = [p for p in policy.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=sft.lr, weight_decay=0.0)
+        self.scheduler = lr_schedule(self.optimizer, sft.warmup_steps, self.total_steps, sft.scheduler)
         self.layout: SupervisedLayout = sft_layout(sft.layout, policy)
         self.rng = random.Random(seed)
         self.order: list[int] = []
@@ -349,11 +341,7 @@ class SFTStage:
             loss_sum += float(loss.detach()) * total
             # A target is "right" when the model gives it > 1/2 probability (then it is also its argmax).
             correct += float((lp.detach() > math.log(0.5)).sum())
-        norm = float(
-            torch.nn.utils.clip_grad_norm_(
-                [p for g in self.optimizer.param_groups for p in g["params"]], self.config.max_grad_norm
-            )
-        )
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm))
         optimizer_step(self.optimizer)
         self.scheduler.step()
         self.step += 1

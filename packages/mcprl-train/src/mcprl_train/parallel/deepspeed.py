@@ -1,15 +1,9 @@
 """DeepSpeed for the ``a100x2`` profile (extra ``deepspeed``): the process group and the engine's config.
 
-- `deepspeed_config`: the DeepSpeed JSON generated from the profile — ZeRO stage, bf16, clipping, no
-  DeepSpeed optimizer (a torch AdamW is handed to ``deepspeed.initialize``: DeepSpeed's own optimizers are
-  JIT-compiled on first use, ~75 s on CPU) and caller-owned gradient accumulation
-  (``managed_gradient_accumulation: false``: a step accumulates however many packed micro-batches it has).
-- `init_distributed`: the process group (NCCL on CUDA, gloo on CPU) from the launcher's environment
-  (``torchrun`` or ``deepspeed --num_gpus N``; ``--local_rank`` is accepted).
-- `require_deepspeed`: the import, failing with the install command.
-
-The engine itself is `mcprl_train.parallel.ds_backend.DeepSpeedBackend`, the update backend the learner takes;
-the launch is `mcprl_train.parallel.launch`.
+`deepspeed_config` hands no optimizer to DeepSpeed (a torch AdamW goes to ``deepspeed.initialize``: DeepSpeed's
+own optimizers are JIT-compiled on first use, ~75 s on CPU) and keeps gradient accumulation with the caller
+(``managed_gradient_accumulation: false``: a step accumulates however many packed micro-batches it has). The
+engine itself is `ds_backend.DeepSpeedBackend`; the launch is `mcprl_train.parallel.launch`.
 """
 
 from __future__ import annotations

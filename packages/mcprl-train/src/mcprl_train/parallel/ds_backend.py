@@ -1,37 +1,13 @@
 """The DeepSpeed update backend: the learner's update on a ZeRO engine, data-parallel over ranks.
 
-`DeepSpeedBackend` implements `mcprl_train.loop.update.UpdateBackend` (the packages README's "DeepSpeed"
-section describes the whole path):
-
-- The trained policy lives in a DeepSpeed engine (a torch AdamW handed to ``deepspeed.initialize``); each
-  rank's loss is multiplied by the world size, undoing the engine's gradient averaging, while the learner sums
-  the loss normaliser over the ranks: one update equals a single process's update on every rank's samples.
-- What the samplers read (`sampling_policy`) is set by ``distributed.sampling``:
-
-  - ``engine`` (the default): the engine's own module. ZeRO 0-2 keep full parameters on every rank, so the
-    samplers read the live weights and `publish` copies nothing. ZeRO-3 with the HF sampler gathers the
-    parameters to full size (`mcprl_train.parallel.gathered`) in `publish`; any engine call of the update
-    (`lay_out`, `forward`, ...) releases them first. The full weights are thus a transient of collection and
-    evaluation, never next to the update's activations. ZeRO-3 with vLLM gathers nothing in `publish`: each
-    rank's engine is pushed the weights one bucket of parameters at a time (`weight_gather`, collective).
-  - ``replica``: a second full copy per rank; `publish` gathers the trained parameters into it (collective).
-
-  Under ZeRO 0-2, when the KL reference follows the policy (``reference.every > 0``: its EMA or re-sync reads
-  `sampling_policy` right after the update, before the trainer publishes), each optimizer step ends with a
-  `publish`, so the reference reads the updated weights.
-
-- The KL reference (when ``grpo.kl_coef > 0``): under ZeRO-3 `partitioned_reference` gives the trainer a
-  reference partitioned like the engine (`mcprl_train.parallel.ds_reference`: built here, followed per
-  partition, saved with the engine's partitions); under ZeRO 0-2 the trainer builds a full frozen copy of
-  `sampling_policy`, as in one process.
-- Under ZeRO-3 every module call all-gathers parameters, so `lay_out` makes the ranks agree on the number of
-  micro-batches and, per micro-batch, of logits chunks (the output head runs once per
-  `Policy.logits_chunk_size` rows), topping up with filler sequences whose action mask is empty.
-- A checkpoint holds the full weights as ``policy/`` (``save_pretrained`` of `sampling_policy`: the engine's
-  module, gathered under ZeRO-3 — with vLLM too, for the checkpoint's time —, or the replica, equal to it after
-  `publish`) and every rank's engine partition
-  (parameters, optimizer states) as ``engine/``, staged next to the checkpoints and moved in by rank 0.
-  Resuming needs the same number of ranks.
+`DeepSpeedBackend` implements `mcprl_train.loop.update.UpdateBackend` (the package README's "DeepSpeed" section
+describes the whole path). Each rank's loss is multiplied by the world size, undoing the engine's gradient
+averaging, while the learner sums the loss normaliser over the ranks: one update equals a single process's
+update on every rank's samples. The samplers read `sampling_policy`, set by ``distributed.sampling``:
+``engine``, the engine's own module, whose ZeRO-3 parameters `publish` gathers to full size for collection and
+evaluation and every engine call releases first (with vLLM, the push gathers them a bucket at a time instead);
+or ``replica``, a second full copy that `publish` loads. A checkpoint holds the full weights as ``policy/``
+and every rank's engine partition as ``engine/``; resuming needs the same number of ranks.
 
 Every public method that touches the engine is collective: all ranks call it together.
 """
@@ -187,8 +163,7 @@ class DeepSpeedBackend:
         self.sampling_policy = replica if replica is not None else policy
         if replica is not None:
             replica.eval()
-            for param in replica.model.parameters():
-                param.requires_grad_(False)
+            replica.model.requires_grad_(False)
         self.world = collectives.world_size()
         self.zero_stage = config.distributed.zero_stage
         self.sampling = config.distributed.sampling

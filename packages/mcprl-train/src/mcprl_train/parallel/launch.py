@@ -1,14 +1,9 @@
 """One command for a multi-process run: ``mcprl-train --profile a100x2`` re-launches itself under torchrun.
 
 When the resolved config says ``distributed.backend=deepspeed`` and the process was not started by a
-launcher, the CLI runs ``python -m torch.distributed.run --standalone --nproc-per-node N -m mcprl_train
-<the same arguments>`` with ``N = distributed.num_gpus`` and waits for it; each worker sees the launcher's
-environment (`launched`) and trains as one rank. The launcher ends every worker when one fails.
-
-Already-launched processes are left alone, so torchrun or the DeepSpeed launcher start a multi-node run (the
-README's "DeepSpeed" has the commands; the run directory must be on storage every node sees).
-(The DeepSpeed launcher puts ``--local_rank=N`` before the script's arguments; the CLI drops it — the
-``LOCAL_RANK`` environment variable carries the same.)
+launcher (`launched`), the CLI runs `launch_command` and waits for it; each worker trains as one rank
+(`train_rank`). Already-launched processes are left alone, so torchrun or the DeepSpeed launcher start a
+multi-node run (the README's "DeepSpeed" has the commands).
 """
 
 from __future__ import annotations
@@ -47,35 +42,19 @@ def launched(env: Mapping[str, str] | None = None) -> bool:
 def strip_local_rank(argv: Sequence[str]) -> list[str]:
     """``argv`` without the ``--local_rank=N`` / ``--local-rank N`` the DeepSpeed launcher inserts."""
     out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
+    args = iter(argv)
+    for arg in args:
         if arg in ("--local_rank", "--local-rank"):
-            skip = True
-            continue
-        if arg.startswith(("--local_rank=", "--local-rank=")):
-            continue
-        out.append(arg)
+            next(args, None)  # its value
+        elif not arg.startswith(("--local_rank=", "--local-rank=")):
+            out.append(arg)
     return out
 
 
 def launch_command(nproc: int, argv: Sequence[str]) -> list[str]:
     """The torchrun command that starts ``nproc`` workers of ``mcprl-train <argv>`` on this node."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        str(nproc),
-        "-m",
-        "mcprl_train",
-        *argv,
-    ]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+    return [*torchrun, "--nproc-per-node", str(nproc), "-m", "mcprl_train", *argv]
 
 
 def check_devices(nproc: int, device: str) -> None:

@@ -21,26 +21,13 @@ from newest to oldest; a candidate whose files do not match its manifest (or who
 the pointer's hash) is skipped with a ``checkpoint_invalid`` warning. The result says which one was used and
 which were skipped.
 
-Example (what the trainer does)::
-
-    ckpt = run_dir.checkpoints.save(
-        step,
-        writers={"policy": policy.save_pretrained},
-        state_dicts={"optimizer": opt.state_dict(), "scheduler": sched.state_dict()},
-        meta={"state": train_state.to_dict()},
-    )
-    loaded = run_dir.checkpoints.load_latest()          # None when there is none
-    if loaded is not None:
-        policy = Policy.from_pretrained(loaded.subdir("policy"), ...)
-        opt.load_state_dict(loaded.state("optimizer"))
-        loaded.restore_rng()
-
 In a multi-process run only rank 0 calls `save` (after any collective gather); every rank may `load`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -207,12 +194,8 @@ class CheckpointManager:
 
     def _free_name(self, step: int) -> str:
         base = f"step-{step:08d}"
-        if not (self.root / base).exists():
-            return base
-        revision = 1
-        while (self.root / f"{base}-r{revision}").exists():
-            revision += 1
-        return f"{base}-r{revision}"
+        names = itertools.chain([base], (f"{base}-r{revision}" for revision in itertools.count(1)))
+        return next(name for name in names if not (self.root / name).exists())
 
     def _point_latest(self, name: str, manifest_sha: str) -> None:
         atomic_write(self.root / LATEST, f"{name} {manifest_sha}\n".encode())

@@ -1,16 +1,7 @@
 """PNG plots of a run from its ``metrics.jsonl`` (matplotlib's Agg canvas: no display, no pyplot state).
 
-`write_plots(run_dir)` writes into ``<run>/plots/``:
-
-- ``reward.png``: ``rollout/reward_mean`` per training step (and ``val/reward_mean`` at evaluations),
-- ``success_rate.png``: ``rollout/success_rate`` (and ``val/success_rate``),
-- ``kl.png``: ``loss/kl`` (to the reference, when ``grpo.kl_coef`` > 0), ``kl/approx`` (to the sampling policy)
-  and ``mismatch/kl_k3`` (the sampler's logprobs against the learner's recompute, when it runs),
-- ``losses.png``: every ``loss/*`` key,
-- ``eval.png``: every ``val/*`` rate (success, reward, tool error rate) against the step,
-- ``sft.png``: ``sft/loss`` and ``sft/token_acc`` per warm-start step, when the run had a warm start.
-
-A figure is written only when its metrics exist; the function returns the paths it wrote.
+`write_plots(run_dir)` writes into ``<run>/plots/`` one figure per group of metrics (reward, success rate, KL,
+losses, validation rates, the warm start's loss and token accuracy), each only when its metrics exist.
 """
 
 # matplotlib leaves the **kwargs of its Axes/Figure methods unannotated, so every call is partially Unknown.

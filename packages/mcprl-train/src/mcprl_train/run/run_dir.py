@@ -13,23 +13,8 @@ Layout::
       plots/*.png           `mcprl_train.run.plots.write_plots`
       checkpoints/          `mcprl_train.run.checkpoint.CheckpointManager` (``step-00000010/``, ``latest``)
 
-API (used by `mcprl_train.loop.trainer.Trainer`; `RunDir` is a `mcprl_train.run.sinks.MetricsSink`):
-
-- ``RunDir.create(config)`` — a new run under ``config.run.output_dir`` named ``config.run.name`` (or a
-  timestamped name); refuses a directory that already holds a run. Writes ``config.yaml``.
-- ``RunDir.open(path)`` — an existing run (resume, eval, plots); ``run_dir.load_config()`` reads it back.
-- ``run_dir.write_metrics(kind, step, record)`` — one line, flushed and fsynced.
-- ``run_dir.append_trajectories(step, records)`` — a batch of episode dicts (each with ``episode_id``) in one
-  write + flush + fsync; records whose ``(run, step, episode_id)`` was already written are dropped.
-- ``write_metrics`` / ``write_episodes`` / ``write_summary`` — the sink protocol: the two appends above and
-  ``summary.json``.
-- ``run_dir.log_marks()`` — the logs' sizes, stored in each checkpoint's meta (``logs``).
-- ``run_dir.rewind(step, marks=...)`` — on resume: cut a torn last line, drop every record logged after the
-  restored checkpoint was saved (its ``logs`` marks; by ``step`` for a checkpoint without them), and return a
-  `RewindReport`. After it, the logs hold exactly what an uninterrupted run had written at that checkpoint.
-- ``run_dir.read_metrics()`` / ``run_dir.read_trajectories()`` — records, skipping (and reporting) a torn line.
-- ``run_dir.checkpoints`` — the `CheckpointManager` of ``checkpoints/``.
-- ``open_checkpoint(path)`` — a checkpoint directory or a run's latest checkpoint, with its run (eval, export).
+`RunDir` is a `mcprl_train.run.sinks.MetricsSink`; on resume `RunDir.rewind` cuts the logs back to the
+restored checkpoint, so they hold exactly what an uninterrupted run had written at that checkpoint.
 
 A record is appended with a single ``write`` of complete lines, then ``flush`` + ``fsync``: a crash leaves at
 most one torn last line, never a half-line in the middle of the file.
@@ -187,10 +172,9 @@ class RunDir:
 
     # -- files ----------------------------------------------------------------------------------------------
 
-    def write_config(self, config: Config) -> Path:
+    def write_config(self, config: Config) -> None:
         """Write ``config.yaml`` atomically (temp file + fsync + rename)."""
         atomic_write(self.config_path, config.to_yaml().encode("utf-8"))
-        return self.config_path
 
     def load_config(self) -> Config:
         """The config saved in ``config.yaml``."""

@@ -1,19 +1,12 @@
 """Where a run's metrics go: one protocol that the run directory, the tracker and the console implement.
 
-The trainer calls each sink with what it produced, as it produces it:
-
-- `MetricsSink.write_metrics` once per logged record: every SFT step (``kind="sft"``), every GRPO step
-  (``"grpo"``) and every validation (``"eval"``). ``record`` is a ``metrics.jsonl`` line without the fields
-  the run directory adds: ``stage``, ``sft_step``, an optional ``tag`` (the validation's occasion: ``init``,
-  ``warm_start``, ``periodic``, ``final``), then the metrics. SFT records carry GRPO step 0 as ``step``.
-- `MetricsSink.write_episodes` once per GRPO step with every episode of the step (``Episode.to_dict()`` plus
-  ``attempt`` and ``discarded``: `mcprl_train.loop.collection.Collection.trajectory_records`), the attempts
-  thrown away by a retry included.
-- `MetricsSink.write_summary` once at the end with the run's summary.
-
-Implementations: `mcprl_train.run.run_dir.RunDir` (the JSON-lines files and ``summary.json``),
-`mcprl_train.run.tracking.Tracker` (wandb and weave), `ConsoleSink` (one log line per step) and `SinkGroup`
-(all of them behind one sink).
+The trainer calls `MetricsSink.write_metrics` once per logged record (every SFT step, ``kind="sft"``; GRPO
+step, ``"grpo"``; validation, ``"eval"``): a ``metrics.jsonl`` line without the run directory's own fields, so
+``stage``, ``sft_step``, an optional ``tag`` (the validation's occasion: ``init``, ``warm_start``,
+``periodic``, ``final``), then the metrics; SFT records carry GRPO step 0. `MetricsSink.write_episodes` gets
+every episode of a GRPO step (`mcprl_train.loop.collection.Collection.trajectory_records`), retried attempts
+included; `MetricsSink.write_summary` the run's summary at the end. Implementations: `run_dir.RunDir`,
+`tracking.Tracker`, `ConsoleSink` and `SinkGroup` (all of them behind one).
 """
 
 from __future__ import annotations
@@ -70,12 +63,8 @@ class SinkGroup:
 
 
 class ConsoleSink:
-    """One structlog line per GRPO step, per validation, about every twentieth SFT step, and at the end.
-
-    Events: ``grpo_step`` (reward, success rate, KL, tool errors, invalid rate after and before the retries,
-    groups re-run, zero-std groups, clip fraction, timing),
-    ``sft_step`` (loss, token accuracy), ``validation`` (success, reward, turns, tool errors, tasks) and
-    ``run_finished`` (the summary's non-null fields).
+    """One structlog line per GRPO step (``grpo_step``), per validation (``validation``), about every twentieth
+    SFT step (``sft_step``), and at the end (``run_finished``: the summary's non-null fields).
 
     Args:
         config: The resolved config (``run.steps`` is the GRPO length shown as ``step=k/N``).

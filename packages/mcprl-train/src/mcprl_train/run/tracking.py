@@ -1,15 +1,9 @@
 """Logging and experiment tracking: the only place mcprl configures structlog, wandb and weave.
 
-- `configure_logging`: structlog renders to stderr with colours on a TTY and as JSON lines otherwise, and
-  tees every event as a JSON line into the run's ``training.log``. Libraries only call
-  ``structlog.get_logger()``.
-- `Tracker`: wandb + weave for one run. ``tracking.wandb: auto`` is online when ``WANDB_API_KEY`` is set and
-  offline (files under the run directory, ``wandb sync`` later) without it; ``WANDB_MODE`` in the environment
-  wins over ``auto``; ``disabled`` never imports wandb. ``tracking.weave: true`` traces every episode as a
-  weave call; weave has no offline mode, so it needs ``WANDB_API_KEY`` (or ``WEAVE_DISABLED=true``, which
-  makes it a no-op) — otherwise `Tracker.start` fails with an error saying so.
-- `Tracker` is a `mcprl_train.run.sinks.MetricsSink`: each metrics record goes to wandb as it is written,
-  each episode to weave, and the summary to the wandb run's summary.
+`configure_logging` renders structlog to stderr (colours on a TTY, JSON lines otherwise) and tees every event
+into the run's ``training.log``; libraries only call ``structlog.get_logger()``. `Tracker` is the
+`mcprl_train.run.sinks.MetricsSink` of wandb (mode: `resolve_wandb_mode`; ``disabled`` never imports it) and
+weave, which has no offline mode: it needs ``WANDB_API_KEY`` (``WEAVE_DISABLED=true`` makes it a no-op).
 """
 
 from __future__ import annotations
@@ -166,7 +160,9 @@ class Tracker:
             logger.info("wandb_unavailable", hint=_WANDB_HINT)
             self.wandb_mode = "disabled"
             return
-        with _argv_redacted(self._literal_secrets()):
+        source = self.config.tools.source
+        secrets = source.literal_secrets() if isinstance(source, InlineServers) else frozenset[str]()
+        with _argv_redacted(secrets):
             self._wandb_run = wandb.init(
                 project=self.config.tracking.project,
                 name=self.run_dir.name,
@@ -177,10 +173,6 @@ class Tracker:
                 mode=self.wandb_mode,
             )
         logger.info("wandb_started", mode=self.wandb_mode, dir=str(self.run_dir.path / "wandb"))
-
-    def _literal_secrets(self) -> frozenset[str]:
-        source = self.config.tools.source
-        return source.literal_secrets() if isinstance(source, InlineServers) else frozenset()
 
     def _start_weave(self) -> None:
         try:
