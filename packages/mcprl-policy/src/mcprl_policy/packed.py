@@ -32,7 +32,7 @@ __all__ = [
     "packed_forward",
     "packed_hidden_states",
     "scored_forward",
-    "scored_positions",
+    "scored_tokens",
     "token_logprobs_and_entropy",
 ]
 
@@ -74,7 +74,7 @@ class PackedForward:
     ``entropies[i]`` the entropy of that predictive distribution, and ``values[i]`` the value head's output
     on the same prefix (the state in which token ``i`` is chosen). ``valid`` marks the tokens computed: every
     token but each sequence's first (it has no prefix), or of those only the ones a forward's ``needed`` mask
-    asked for (`scored_positions`); the entries of the others are 0.
+    asked for (`scored_tokens`); the entries of the others are 0.
     """
 
     logprobs: torch.Tensor
@@ -167,29 +167,42 @@ def token_logprobs_and_entropy(
     return torch.cat(logprobs), torch.cat(entropies)
 
 
-def scored_positions(has_prefix: torch.Tensor, needed: torch.Tensor | None) -> torch.Tensor:
-    """The flat indices of the tokens a training forward scores: those with a prefix, and of them the needed.
+def scored_tokens(
+    lengths: Sequence[int], needed: torch.Tensor | None, *, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tokens a training forward scores over sequences of ``lengths`` concatenated, and where each sits.
 
-    The output head, its softmax and their backward run once per scored token. A policy-gradient loss reads
+    Every token but a sequence's first (nothing predicts it) is scored, or of those only the ``needed`` ones:
+    the output head, its softmax and their backward run once per scored token. A policy-gradient loss reads
     only the action tokens (the rest are prompt, tool output and template: about 70 % of a multi-turn
     episode's tokens), so a learner passes its action mask as ``needed`` and the head's work shrinks by that
     much; the backbone still runs over every token (each is context for the next).
 
     Args:
-        has_prefix: ``(N,)`` bool over the concatenated tokens, False at each sequence's first token.
-        needed: ``(N,)`` bool over the same tokens, or ``None`` for all of them.
+        lengths: each sequence's length.
+        needed: ``(N,)`` bool over the ``N = sum(lengths)`` concatenated tokens, or ``None`` for all of them.
+        device: where the returned indices live.
+
+    Returns:
+        ``(flat, seq, pos)``, each ``(M,)``: scored token ``j`` is token ``pos[j]`` (>= 1) of sequence
+        ``seq[j]``, at ``flat[j]`` among the concatenated tokens.
 
     Raises:
-        ValueError: ``needed`` is not a bool tensor of ``has_prefix``'s shape.
+        ValueError: ``needed`` is not a bool tensor of shape ``(N,)``.
     """
-    if needed is None:
-        return has_prefix.nonzero().squeeze(-1)
-    if needed.dtype != torch.bool or needed.shape != has_prefix.shape:
-        raise ValueError(
-            f"needed must be a bool mask of shape {tuple(has_prefix.shape)} (one entry per token), got "
-            f"{needed.dtype} {tuple(needed.shape)}"
-        )
-    return (has_prefix & needed.to(has_prefix.device)).nonzero().squeeze(-1)
+    sizes = torch.tensor(list(lengths), device=device)
+    seq_of = torch.repeat_interleave(torch.arange(len(sizes), device=device), sizes)
+    pos = torch.arange(int(sizes.sum()), device=device) - (sizes.cumsum(0) - sizes)[seq_of]
+    keep = pos > 0
+    if needed is not None:
+        if needed.dtype != torch.bool or needed.shape != keep.shape:
+            raise ValueError(
+                f"needed must be a bool mask of shape {tuple(keep.shape)} (one entry per token), got "
+                f"{needed.dtype} {tuple(needed.shape)}"
+            )
+        keep &= needed.to(device)
+    flat = keep.nonzero().squeeze(-1)
+    return flat, seq_of[flat], pos[flat]
 
 
 def scored_forward(
@@ -262,18 +275,14 @@ def packed_forward(
     """Run a causal LM (plain or peft-wrapped) once over packed ``sequences``; see `PackedForward`.
 
     ``vocab_limit`` restricts the distribution to ids ``[0, vocab_limit)`` (see `token_logprobs_and_entropy`);
-    ``needed`` (``(N,)`` bool) scores only those tokens (`scored_positions`).
+    ``needed`` (``(N,)`` bool) scores only those tokens (`scored_tokens`).
     """
     device = next(model.parameters()).device
     batch = pack_sequences(sequences, device=device)
     hidden = packed_hidden_states(model, batch)
     _, lm_head = backbone_and_head(model)
-    n = hidden.shape[0]
-    starts = batch.cu_seqlens[:-1].long()
-    has_prefix = torch.ones(n, dtype=torch.bool, device=device)
-    has_prefix[starts] = False
     # Row i-1 predicts token i: the source rows are every row whose successor is in the same sequence.
-    target_idx = scored_positions(has_prefix, needed)
+    target_idx, _, _ = scored_tokens(batch.seq_lens, needed, device=device)
     return scored_forward(
         hidden[target_idx - 1],
         batch.input_ids[0, target_idx],

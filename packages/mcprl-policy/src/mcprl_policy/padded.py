@@ -27,7 +27,7 @@ from mcprl_policy.packed import (
     backbone_and_head,
     check_token_ids,
     scored_forward,
-    scored_positions,
+    scored_tokens,
 )
 from mcprl_policy.policy import Policy
 from mcprl_policy.prefix_grouped import prefix_grouped_forward
@@ -58,7 +58,7 @@ def policy_forward(
         values: also compute values (when the policy has a value head).
         layout: ``packed`` (one row, varlen attention), ``padded`` (right-padded rows) or ``prefix_grouped``
             (shared prefixes once, then padded rows).
-        needed: ``(N,)`` bool over the concatenated tokens: score only these (`scored_positions`);
+        needed: ``(N,)`` bool over the concatenated tokens: score only these (`scored_tokens`);
             ``None`` scores every token that has a prefix.
     """
     match layout:
@@ -101,23 +101,14 @@ def padded_forward(
         chunk_size: rows per logits chunk (see `token_logprobs_and_entropy`).
         pad_token_id: fills the rows past each sequence's end (masked out of attention).
         vocab_limit: normalise over ids ``[0, vocab_limit)`` only (see `token_logprobs_and_entropy`).
-        needed: ``(N,)`` bool over the concatenated tokens: score only these (`scored_positions`).
+        needed: ``(N,)`` bool over the concatenated tokens: score only these (`scored_tokens`).
     """
     device = next(model.parameters()).device
     lens = [len(s) for s in sequences]
     ids, hidden = padded_hidden_states(model, sequences, pad_token_id=pad_token_id)
     _, lm_head = backbone_and_head(model)
-    total = sum(lens)
-    starts = torch.tensor([0, *lens[:-1]], device=device).cumsum(0)
-    has_prefix = torch.ones(total, dtype=torch.bool, device=device)
-    has_prefix[starts] = False
-    flat_idx = scored_positions(has_prefix, needed)
-    # Flat token i is row r = seq_of[i], column t = i - starts[r]; position t-1 of that row predicts it.
-    seq_of = torch.repeat_interleave(
-        torch.arange(len(lens), device=device), torch.tensor(lens, device=device)
-    )
-    rows = seq_of[flat_idx]
-    cols = flat_idx - starts[rows]
+    # Scored token t of row r is predicted by position t-1 of that row.
+    flat_idx, rows, cols = scored_tokens(lens, needed, device=device)
     return scored_forward(
         hidden[rows, cols - 1],
         ids[rows, cols],

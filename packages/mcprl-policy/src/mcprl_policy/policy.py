@@ -269,7 +269,7 @@ class Policy:
 
         Uses the live weights; runs under autograd unless called inside ``torch.no_grad()``. ``temperature``
         must equal the sampler's so that ratios against its logprobs start at 1. ``needed`` (``(N,)`` bool)
-        scores only those tokens (`mcprl_policy.packed.scored_positions`).
+        scores only those tokens (`mcprl_policy.packed.scored_tokens`).
         """
         with self.autocast():
             return packed_forward(

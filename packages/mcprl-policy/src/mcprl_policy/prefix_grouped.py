@@ -38,7 +38,7 @@ from mcprl_policy.packed import (
     backbone_and_head,
     check_token_ids,
     scored_forward,
-    scored_positions,
+    scored_tokens,
 )
 
 __all__ = [
@@ -250,7 +250,7 @@ def prefix_grouped_forward(
         chunk_size: rows per logits chunk (see `token_logprobs_and_entropy`).
         pad_token_id: fills padded positions (masked out of attention).
         vocab_limit: normalise over ids ``[0, vocab_limit)`` only (see `token_logprobs_and_entropy`).
-        needed: ``(N,)`` bool over the concatenated tokens: score only these (`scored_positions`).
+        needed: ``(N,)`` bool over the concatenated tokens: score only these (`scored_tokens`).
         min_shared: the shortest prefix shared (`prefix_groups`).
 
     Raises:
@@ -331,13 +331,8 @@ def prefix_grouped_forward(
         flat += len(bucket) * width
     hidden = torch.cat(hidden_parts) if len(hidden_parts) > 1 else hidden_parts[0]
     # Token t of sequence r is predicted by position t-1: its group's prefix row (t-1 < shared) or its suffix.
-    total = sum(lens)
-    starts = torch.tensor([0, *lens[:-1]]).cumsum(0)
-    has_prefix = torch.ones(total, dtype=torch.bool)
-    has_prefix[starts] = False
-    flat_idx = scored_positions(has_prefix, needed.cpu() if needed is not None else None)
-    seq = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))[flat_idx]
-    before = flat_idx - starts[seq] - 1
+    flat_idx, seq, pos = scored_tokens(lens, needed, device="cpu")
+    before = pos - 1
     shared = torch.tensor(shared_len)[seq]
     prefix_at = torch.tensor(
         [prefixes[prefix_of[i]].hidden_at if i in prefix_of else 0 for i in range(len(lens))]

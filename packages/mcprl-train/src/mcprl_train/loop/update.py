@@ -92,7 +92,7 @@ class UpdateBackend(Protocol):
     ) -> PackedForward:
         """Per-token logprobs, entropies (and values) of ``sequences``, concatenated `(N,)`.
 
-        ``needed`` marks the tokens the caller reads (`mcprl_policy.packed.scored_positions`); a backend may
+        ``needed`` marks the tokens the caller reads (`mcprl_policy.packed.scored_tokens`); a backend may
         score more of them, never fewer.
         """
         ...
