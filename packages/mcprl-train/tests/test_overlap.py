@@ -14,6 +14,7 @@ import torch
 from train_testkit import demo_tasks, tiny_demo_run
 
 from mcprl_policy import Policy
+from mcprl_policy.threads import take_threads
 from mcprl_train.config import Config
 from mcprl_train.errors import ConfigError, InvalidRateError
 from mcprl_train.loop.overlap import CollectedStep, learn_while_collecting
@@ -131,6 +132,36 @@ def test_the_update_runs_in_a_thread_while_the_collection_runs_on_the_event_loop
     assert ready is sentinel
     assert learned["loss/policy"] == 1.0
     assert learned["perf/learn_s"] >= 0.0
+
+
+def test_the_update_and_the_collection_share_torch_threads_and_the_update_alone_takes_them_all() -> None:
+    """Beside a collection, the update's thread and the collection's worker threads run on half the count each."""
+    seen: dict[str, int] = {}
+    sentinel = object()
+
+    def threads(side: str) -> None:
+        take_threads()  # what the decode engine's worker thread does before its forwards
+        seen[side] = torch.get_num_threads()
+
+    def learn(side: str) -> dict[str, float]:
+        threads(side)
+        return {}
+
+    async def collect() -> CollectedStep:
+        await anyio.to_thread.run_sync(threads, "engine")
+        return sentinel  # type: ignore[return-value]
+
+    async def main() -> None:
+        await learn_while_collecting(lambda: learn("update"), collect)
+        await learn_while_collecting(lambda: learn("update alone"), None)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)  # more than this machine's cores is allowed; the split halves it
+    try:
+        anyio.run(main)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == {"update": 2, "engine": 2, "update alone": 4}
 
 
 def test_a_collection_error_reaches_the_caller_as_itself_after_the_update_finished() -> None:

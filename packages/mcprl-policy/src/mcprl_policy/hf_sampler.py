@@ -23,6 +23,7 @@ from mcprl_policy.config import DecodeForward, SamplingParams
 from mcprl_policy.decode import DecodeEngine, DecodeRequest
 from mcprl_policy.errors import SamplerError
 from mcprl_policy.policy import Policy
+from mcprl_policy.threads import take_threads
 from mcprl_policy.vocab import embedding_rows, end_of_turn_ids
 
 __all__ = ["HFSampler"]
@@ -160,7 +161,8 @@ class HFSampler:
                 raise SamplerError("the decode engine went idle before this request finished")
 
     def _run_engine(self) -> list[DecodeRequest]:
-        # Autocast is thread-local: entered in the worker thread that runs the forwards.
+        # Autocast and torch's thread count are per thread: set in the worker thread that runs the forwards.
+        take_threads()
         with self.policy.autocast():
             return self.engine.run_until_finished()
 

@@ -24,6 +24,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
+from mcprl_policy.threads import split_threads, take_threads
 from mcprl_train.config import Config
 from mcprl_train.loop.collection import Collection, check_invalid_rate, rollout_metrics, tool_step_metrics
 from mcprl_train.loop.learner import Learner, mean_over_ranks
@@ -125,6 +126,9 @@ async def learn_while_collecting(
 ) -> tuple[dict[str, float], CollectedStep | None]:
     """Run ``learn`` in a worker thread while the event loop runs ``collect`` (when given); wait for both.
 
+    The two share torch's CPU threads (`mcprl_policy.threads`): the update's thread and the decode engine's each
+    run on half of the event loop thread's count, at least one.
+
     Returns:
         ``learn``'s metrics with ``perf/learn_s`` (its own wall time), and the collection (None without one).
 
@@ -138,6 +142,7 @@ async def learn_while_collecting(
 
     def timed_learn() -> None:
         t0 = time.perf_counter()
+        take_threads()
         learned.update(learn())
         learned["perf/learn_s"] = time.perf_counter() - t0
 
@@ -148,9 +153,10 @@ async def learn_while_collecting(
         timed_learn()
         return learned, None
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run_collect, collect)
-            await anyio.to_thread.run_sync(timed_learn)
+        with split_threads(2):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run_collect, collect)
+                await anyio.to_thread.run_sync(timed_learn)
     except BaseExceptionGroup as group:
         if (
             len(group.exceptions) == 1
