@@ -154,6 +154,7 @@ def test_reference_and_kl_in_reward_are_refused_where_they_cannot_apply() -> Non
             "model.value_head=true",
             "grpo.kl_in_reward=true",
             "grpo.kl_coef=0.05",
+            "collection.overlap=false",  # GAE's π_old is the learner's, not the sampler's
         ]
     )
     assert gae.grpo.kl_in_reward

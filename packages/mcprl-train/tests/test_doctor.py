@@ -109,6 +109,23 @@ def test_a_broken_config_names_each_failure_with_a_fix(
     assert f"{len(failed)} check(s) failed" in console.export_text()
 
 
+@pytest.mark.parametrize(("disabled", "ok"), [("1", True), ("Yes", True), ("TRUE", True), ("", False)])
+def test_weaves_key_row_reads_weave_disabled_as_tracking_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, disabled: str, ok: bool
+) -> None:
+    """Without WANDB_API_KEY, weave is fine only when WEAVE_DISABLED turns it off (1, true or yes)."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WEAVE_DISABLED", disabled)
+    script = tmp_path / "echo_server.py"
+    script.write_text(_SERVER)
+    train = _write_tasks(tmp_path / "train.jsonl", [_TASK])
+    config = _config(tmp_path, {"echo": {"command": sys.executable, "args": [str(script)]}}, train, train)
+    results = run_checks(config.replace(["tracking.weave=true"]))
+    [row] = [r for r in _by_category(results, "keys") if r.name == "WANDB_API_KEY (tracking.weave)"]
+    assert row.ok is ok
+    assert bool(row.fix) is not ok
+
+
 def test_a_cuda_profile_on_a_cpu_machine_fails_the_device_check(tmp_path: Path) -> None:
     import torch
 

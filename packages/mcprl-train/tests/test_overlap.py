@@ -68,8 +68,9 @@ def test_overlap_under_deepspeed_is_refused() -> None:
         Config.load("cpu", overrides=["collection.overlap=true", "distributed.backend=deepspeed"])
 
 
-def test_overlap_is_off_by_default_and_in_the_cpu_profile() -> None:
-    assert not Config.load("cpu").collection.overlap
+def test_overlap_is_off_by_default_and_on_in_the_cpu_profile() -> None:
+    assert not Config.from_dict({}).collection.overlap
+    assert Config.load("cpu").collection.overlap
 
 
 # -- the snapshot --------------------------------------------------------------------------------------------

@@ -60,13 +60,12 @@ UPDATE_ROWS = {"activations", "logits chunk", "zero3 gathered params", "autocast
 
 
 def readme_peak(config: Config, rows: dict[str, float]) -> float:
-    """The README's peak: resident + max(update, sampling)."""
+    """The README's peak: resident + max(update, sampling); with collection.overlap, resident + update + sampling."""
     update = {*UPDATE_ROWS, *(() if config.distributed.backend == "deepspeed" else ("gradients",))}
     sampling = {"sampler kv cache"}
     resident = sum(v for k, v in rows.items() if k not in update | sampling)
-    return resident + max(
-        sum(v for k, v in rows.items() if k in update), sum(v for k, v in rows.items() if k in sampling)
-    )
+    phases = sum(v for k, v in rows.items() if k in update), sum(v for k, v in rows.items() if k in sampling)
+    return resident + (sum(phases) if config.collection.overlap else max(phases))
 
 
 def readme_estimate(config: Config, arch: tuple[int, int, int, int, int, int, int, bool]) -> dict[str, float]:
@@ -106,6 +105,8 @@ def readme_estimate(config: Config, arch: tuple[int, int, int, int, int, int, in
         rows["sampling replica"] = weights + (4 * t if lora else 0)
     if ds.backend == "deepspeed" and ds.sampling == "engine" and z == 3:
         rows["zero3 gathered weights"] = weights
+    if config.collection.overlap:
+        rows["sampling snapshot"] = m * t
     if lora is None and config.grpo.kl_coef > 0:
         rows["reference policy"] = p * w / (n if z == 3 else 1)
     a = 2 * (4 * h + 4) + w * (2 * q + 2 * k) + 4 * heads + 3 * w * i + 4 * (q + k) + 4 * (heads + kv_heads)
@@ -499,7 +500,8 @@ def test_sliding_window_layers_bound_the_kv_cache(tmp_path: Path) -> None:
 
 def test_the_peak_is_the_resident_rows_plus_the_larger_phase() -> None:
     shape = load_model_shape("Qwen/Qwen3-0.6B")
-    plan = plan_memory(Config.load(profile="cpu", overrides=["model.name=Qwen/Qwen3-0.6B"]), shape)
+    config = Config.load(profile="cpu", overrides=["model.name=Qwen/Qwen3-0.6B", "collection.overlap=false"])
+    plan = plan_memory(config, shape)
     rows = plan.bytes_of()
     update = (
         rows["gradients"] + rows["activations"] + rows["logits chunk"]
@@ -514,6 +516,39 @@ def test_the_peak_is_the_resident_rows_plus_the_larger_phase() -> None:
         "zero3 gathered weights",
         "sampler kv cache",
     }
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_overlap_holds_the_samplers_snapshot_as_measured_and_both_phases_at_once(
+    tmp_path: Path, lora: bool
+) -> None:
+    from mcprl_policy import Policy
+    from mcprl_policy.config import LoraSettings
+    from mcprl_train.loop.snapshot import SamplingSnapshot
+
+    saved = Policy.from_pretrained("tiny", value_head=False).save_pretrained(tmp_path / "tiny")
+    policy = Policy.from_pretrained(
+        saved, value_head=False, lora=LoraSettings(r=4, alpha=8) if lora else None
+    )
+    shared = {id(p) for p in policy.model.parameters()}
+    copies = [p for p in SamplingSnapshot(policy).policy.model.parameters() if id(p) not in shared]
+    overrides = [f"model.name={saved}", *(["lora.r=4", "lora.alpha=8"] if lora else [])]
+    shape = load_model_shape(str(saved))
+    overlapped = plan_memory(
+        Config.load(profile="cpu", overrides=[*overrides, "collection.overlap=true"]), shape
+    )
+    serial = plan_memory(
+        Config.load(profile="cpu", overrides=[*overrides, "collection.overlap=false"]), shape
+    )
+    snapshot = overlapped.bytes_of()["sampling snapshot"]
+    assert snapshot == sum(p.numel() * p.element_size() for p in copies) > 0
+    assert "sampling snapshot" not in serial.bytes_of()
+    update, sampling = overlapped.phase_bytes("update"), overlapped.phase_bytes("sampling")
+    assert overlapped.total == overlapped.phase_bytes("resident") + update + sampling
+    assert overlapped.total - serial.total == snapshot + min(update, sampling)
+    console = Console(record=True, width=250)
+    console.print(render_plan(overlapped))
+    assert "(collection.overlap: at once)" in console.export_text()
 
 
 def test_vllm_share_is_a_row_of_the_device_memory() -> None:

@@ -114,8 +114,9 @@ def tiny_demo_run(root: Path, name: str, tasks: Path, *, steps: int) -> list[str
     """The ``--set`` list of a short run of the tiny model on the demo's real stdio servers: run ``name`` under
     ``root``, ``steps`` GRPO steps of 4 tasks x 2 episodes on ``tasks`` (validated on them too), a 4-step warm
     start on 8 noisy demonstrations, 16 episodes at a time, turns of at most 48 tokens, 3 turns per episode, the
-    system prompt's date pinned (a run resumed after midnight renders the same prompt). A test appends what it
-    changes (later settings win)."""
+    system prompt's date pinned (a run resumed after midnight renders the same prompt), collected and then learned
+    (no ``collection.overlap``: test_overlap.py runs the profile's overlap). A test appends what it changes (later
+    settings win)."""
     return [
         f"run.name={name}",
         f"run.output_dir={root}",
@@ -136,6 +137,7 @@ def tiny_demo_run(root: Path, name: str, tasks: Path, *, steps: int) -> list[str
         "collection.max_concurrent_episodes=16",
         "optim.warmup_steps=0",
         "tracking.progress=false",
+        "collection.overlap=false",
     ]
 
 

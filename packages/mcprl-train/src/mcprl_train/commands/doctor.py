@@ -25,6 +25,7 @@ from mcprl_train import build
 from mcprl_train.config import Config, InlineServers, OfflineServers, ServersFile
 from mcprl_train.cpu_threads import ThreadLoad
 from mcprl_train.model_checks import CheckResult, check_model
+from mcprl_train.run.tracking import weave_disabled
 
 if TYPE_CHECKING:
     from mcprl_tools import ServerConfig, ServersConfig
@@ -163,9 +164,7 @@ def _keys(config: Config, tools: ServersConfig | None) -> Iterator[CheckResult]:
                 fix="" if present else f"export {var}=... (it is passed only to server {server.name!r})",
             )
     if config.tracking.weave:
-        present = (
-            bool(os.environ.get("WANDB_API_KEY")) or os.environ.get("WEAVE_DISABLED", "").lower() == "true"
-        )
+        present = bool(os.environ.get("WANDB_API_KEY")) or weave_disabled(os.environ)
         yield CheckResult(
             category="keys",
             name="WANDB_API_KEY (tracking.weave)",

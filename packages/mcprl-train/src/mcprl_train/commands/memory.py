@@ -3,7 +3,8 @@
 The formulas, their symbols and their sources (Rajbhandari et al. 2020, "ZeRO", §3; Korthikanti et al. 2022,
 §4) are written down in the mcprl-train README ("Memory model"); each row of a `MemoryPlan` carries its
 formula with the config's numbers filled in (the per-token sizes: `mcprl_train.commands.activations`). The
-peak is the resident rows plus the larger of the update phase and the sampling phase (`MemoryRow.phase`).
+peak is the resident rows plus the larger of the update phase and the sampling phase (`MemoryRow.phase`), or
+plus both under ``collection.overlap``, which runs them at once.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class MemoryRow:
 
     ``resident`` rows stay allocated for the whole run; ``update`` rows only while the learner runs its
     forward/backward and optimizer step; ``sampling`` rows only while rollouts are generated. A GRPO step
-    collects, then learns, so the two phases never overlap.
+    collects, then learns, so the two phases never overlap, unless ``collection.overlap`` (`MemoryPlan.overlapped`).
     """
 
     name: str
@@ -58,6 +59,8 @@ class MemoryPlan:
         num_devices: Devices the model is spread over.
         device_memory: Bytes available per device (None: unknown).
         notes: Assumptions worth showing next to the table.
+        overlapped: The update runs while the next step is collected (``collection.overlap``): both phases are
+            live at once.
     """
 
     model: str
@@ -68,6 +71,7 @@ class MemoryPlan:
     num_devices: int
     device_memory: int | None
     notes: tuple[str, ...] = ()
+    overlapped: bool = False
 
     def bytes_of(self) -> dict[str, int]:
         """``component → bytes per device``."""
@@ -79,8 +83,11 @@ class MemoryPlan:
 
     @property
     def total(self) -> int:
-        """The peak: resident rows plus the larger of the update and the sampling phase."""
-        return self.phase_bytes("resident") + max(self.phase_bytes("update"), self.phase_bytes("sampling"))
+        """The peak: resident rows plus the larger of the update and the sampling phase (both when overlapped)."""
+        update, sampling = self.phase_bytes("update"), self.phase_bytes("sampling")
+        return self.phase_bytes("resident") + (
+            update + sampling if self.overlapped else max(update, sampling)
+        )
 
     @property
     def fits(self) -> bool | None:
@@ -138,6 +145,7 @@ def estimate_memory(
         num_devices=n,
         device_memory=device_memory,
         notes=tuple(notes),
+        overlapped=config.collection.overlap,
     )
 
 
@@ -194,7 +202,8 @@ def _update_rows(config: Config, w: int, t: int) -> list[MemoryRow]:
 
 
 def _copy_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[MemoryRow]:
-    """What DeepSpeed's samplers read beyond the engine's partitions, and a full fine-tune's frozen reference.
+    """What DeepSpeed's samplers read beyond the engine's partitions, the samplers' snapshot under overlap, and
+    a full fine-tune's frozen reference.
 
     ``distributed.sampling=replica``: a full copy per rank, resident. ``engine``: ZeRO 0-2 sample from the
     engine's full weights (no row); ZeRO-3 with the HF sampler gathers them to full size for collection and
@@ -204,10 +213,16 @@ def _copy_rows(config: Config, shape: ModelShape, w: int, t: int) -> list[Memory
     so the transient and its row stay, at the same size.
     The reference is a frozen copy, full on every rank except under ZeRO-3, which partitions it like the engine
     (`mcprl_train.parallel.ds_reference`; its forward gathers a layer at a time, as the engine's does).
+    ``collection.overlap`` (one process) copies the trainable weights for the samplers
+    (`mcprl_train.loop.snapshot`) and shares the frozen ones.
     """
     rows: list[MemoryRow] = []
     lora = config.lora is not None
     ds = config.distributed
+    if config.collection.overlap:
+        m = master_bytes(config)
+        formula = f"T {_m(t)} × {m} B, the samplers' copy of the trained weights (collection.overlap)"
+        rows.append(MemoryRow(name="sampling snapshot", nbytes=t * m, formula=formula))
     if ds.backend == "deepspeed":
         base, base_formula = _base_weights(config, shape, w)
         match ds.sampling:

@@ -153,13 +153,13 @@ def render_plan(plan: MemoryPlan) -> Table:
     table.add_column("formula", style="dim")
     for row in plan.rows:
         table.add_row(row.name, row.phase, _gib(row.nbytes), row.formula)
-    update, sampling = plan.phase_bytes("update"), plan.phase_bytes("sampling")
-    table.add_row(
-        "[bold]peak[/bold]",
-        "",
-        f"[bold]{_gib(plan.total)}[/bold]",
-        f"resident + max(update {_gib(update)}, sampling {_gib(sampling)})",
+    update, sampling = _gib(plan.phase_bytes("update")), _gib(plan.phase_bytes("sampling"))
+    phases = (
+        f"update {update} + sampling {sampling} (collection.overlap: at once)"
+        if plan.overlapped
+        else f"max(update {update}, sampling {sampling})"
     )
+    table.add_row("[bold]peak[/bold]", "", f"[bold]{_gib(plan.total)}[/bold]", f"resident + {phases}")
     if plan.device_memory is None:
         table.add_row("device memory", "", "unknown", "set distributed.device_memory_gb")
     else:

@@ -145,8 +145,8 @@ class CollectionConfig:
     Attributes:
         max_concurrent_episodes: Episodes in flight during collection (and evaluation).
         overlap: Collect step k+1 while step k's update runs (one step off-policy: the samplers generate from
-            their own copy of the weights, a step behind; `mcprl_train.loop.overlap`). Needs the sampler's
-            logprobs as π_old or ``grpo.tis``, and one process.
+            their own copy of the weights, a step behind; `mcprl_train.loop.overlap`), each on half of torch's
+            CPU threads. Needs the sampler's logprobs as π_old or ``grpo.tis``, and one process.
     """
 
     max_concurrent_episodes: int = attrs.field(default=64, validator=v.ge(1))

@@ -189,7 +189,7 @@ class Config:
                 f"{grpo.ppo_epochs}, grpo.minibatches={grpo.minibatches}, grpo.estimator={grpo.estimator}, "
                 f"grpo.old_logprobs={grpo.old_logprobs}), so nothing would correct for the step the sampler lags "
                 "behind: set grpo.tis (e.g. grpo.tis=2.0), or use the sampler's logprobs (grpo.old_logprobs=sampler, "
-                "grpo.ppo_epochs=1, grpo.minibatches=1, a group estimator)"
+                "grpo.ppo_epochs=1, grpo.minibatches=1, a group estimator), or learn on-policy: collection.overlap=false"
             )
 
     def _check_kl_and_reference(self) -> None:

@@ -27,7 +27,7 @@ from mcprl_train.run.run_dir import RunDir
 if TYPE_CHECKING:
     from mcprl_train.run.sinks import MetricKind, Record
 
-__all__ = ["Tracker", "configure_logging", "resolve_wandb_mode"]
+__all__ = ["Tracker", "configure_logging", "resolve_wandb_mode", "weave_disabled"]
 
 logger = structlog.get_logger()
 
@@ -112,7 +112,8 @@ def resolve_wandb_mode(setting: str, env: Mapping[str, str] | None = None) -> Wa
             raise TrackingError(f"tracking.wandb: unknown mode {setting!r}")
 
 
-def _weave_disabled(env: Mapping[str, str]) -> bool:
+def weave_disabled(env: Mapping[str, str]) -> bool:
+    """Whether ``WEAVE_DISABLED`` turns weave off (1, true or yes, any case)."""
     return env.get("WEAVE_DISABLED", "").strip().lower() in ("1", "true", "yes")
 
 
@@ -140,7 +141,7 @@ class Tracker:
         environ = os.environ if env is None else env
         tracking = self.config.tracking
         self.wandb_mode = resolve_wandb_mode(tracking.wandb, environ)
-        if tracking.weave and not _weave_disabled(environ) and not environ.get("WANDB_API_KEY"):
+        if tracking.weave and not weave_disabled(environ) and not environ.get("WANDB_API_KEY"):
             raise TrackingError(
                 "tracking.weave is enabled but WANDB_API_KEY is not set: weave has no offline mode. "
                 "Set WANDB_API_KEY, or tracking.weave=false, or WEAVE_DISABLED=true"
