@@ -56,6 +56,7 @@ import torch
 
 from mcprl_policy import HFSampler
 from mcprl_policy.decode import DecodeEngine
+from mcprl_policy.prefix_grouped import computed_tokens, prefix_groups
 from mcprl_tools import ToolManager
 from mcprl_train import build
 from mcprl_train.config import Config
@@ -161,8 +162,16 @@ def instrument() -> None:
 
     def counted_forward(self: TorchBackend, sequences: Any, **kwargs: Any) -> Any:
         lens = [len(s) for s in sequences]
-        padded = len(lens) * max(lens, default=0) if self.layout == "padded" else sum(lens)
-        METER.add("train_rows", 0.0, 0.0, padded)
+        match self.layout:
+            case "padded":
+                computed = len(lens) * max(lens, default=0)
+            case "prefix_grouped":  # each group's prefix once (the length buckets' padding left out)
+                computed = sum(
+                    computed_tokens([lens[m] for m in g.members], g.shared) for g in prefix_groups(sequences)
+                )
+            case _:
+                computed = sum(lens)
+        METER.add("train_rows", 0.0, 0.0, computed)
         return forward(self, sequences, **kwargs)
 
     TorchBackend.forward = counted_forward  # pyright: ignore[reportAttributeAccessIssue]
@@ -662,8 +671,8 @@ def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: st
             "  forward",
             forward.wall,
             forward.cpu,
-            f"{forward.calls} micro-batches, {train_rows.tokens} tokens as laid out "
-            f"({1 - train_tokens / max(1, train_rows.tokens):.0%} padding)",
+            f"{forward.calls} micro-batches, {train_rows.tokens} tokens computed for {train_tokens:.0f} "
+            f"trained ({train_rows.tokens / max(1, train_tokens):.0%})",
         ),
         fmt_row("  backward", backward.wall, backward.cpu, ""),
         fmt_row("  optimizer", optimizer.wall, optimizer.cpu, "clip + AdamW"),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from mcprl_policy import LoraSettings, Policy, PolicyError, ReferencePolicy
+from mcprl_policy.padded import Layout
 
 SEQUENCES = [[1, 5, 9, 33, 7, 2, 8], [4, 4, 100, 250]]
 
@@ -31,6 +32,28 @@ def test_reference_logprobs_equal_the_pre_update_policy(tiny_dir: Path, lora: Lo
         after = policy.forward_packed(SEQUENCES).logprobs
     assert (after - before).abs().max() > 1e-3, "the update did not change the policy"
     torch.testing.assert_close(reference.logprobs(SEQUENCES).logprobs, before)
+
+
+# Three episodes of one group: a 12-token prompt shared, then their own turns (prefix grouping shares it).
+PROMPT = [3, 17, 42, 8, 99, 5, 61, 23, 11, 7, 250, 31]
+GROUP = [[*PROMPT, 9, 14, 2], [*PROMPT, 9, 88, 120, 6, 2], [*PROMPT, 40, 2]]
+
+
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=4)], ids=["copy", "adapters-off"])
+@pytest.mark.parametrize("layout", ["packed", "padded", "prefix_grouped"])
+def test_each_layout_scores_the_needed_tokens_as_the_full_packed_forward(
+    tiny_dir: Path, lora: LoraSettings | None, layout: Layout
+) -> None:
+    """The KL term reads the sampled tokens only: those match the whole packed forward, the rest read 0."""
+    policy = Policy.from_pretrained(str(tiny_dir), lora=lora)
+    _train_step(policy)
+    _train_step(policy)  # the adapters-off reference now differs from the policy
+    whole = ReferencePolicy.for_policy(policy).logprobs(GROUP).logprobs
+    needed = torch.tensor([i >= len(PROMPT) + 1 for s in GROUP for i in range(len(s))])
+    out = ReferencePolicy.for_policy(policy, layout=layout).logprobs(GROUP, needed=needed)
+    torch.testing.assert_close(out.logprobs[needed], whole[needed], atol=2e-6, rtol=1e-5)
+    assert bool((out.logprobs[~needed] == 0).all())
+    assert torch.equal(out.valid, needed)
 
 
 def test_ema_update_blends_reference_towards_policy(tiny_dir: Path) -> None:

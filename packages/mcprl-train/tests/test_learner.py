@@ -15,6 +15,7 @@ from train_testkit import synthetic_groups
 
 from mcprl_env import Episode, EpisodeGroup
 from mcprl_policy import Policy, ReferencePolicy
+from mcprl_policy.padded import Layout
 from mcprl_train.config import Config
 from mcprl_train.errors import CheckpointError, RatioHealthError
 from mcprl_train.loop.learner import Learner, check_ratio_health, split_minibatches
@@ -40,6 +41,7 @@ def config(*overrides: str) -> Config:
             "optim.lr=1e-3",
             "optim.warmup_steps=0",
             "optim.micro_batch_tokens=64",
+            "collection.overlap=false",  # the learner alone: minibatches, epochs and GAE are on the table
             *overrides,
         ],
     )
@@ -444,6 +446,32 @@ def test_a_prefix_grouped_update_equals_the_padded_update_to_float_rounding(poli
     for got, want in zip(grouped_params, padded_params, strict=True):
         torch.testing.assert_close(got, want, atol=2e-3, rtol=0.0)
         assert float(((got - want).abs() > 1e-6).float().mean()) < 1e-2
+
+
+def test_the_kl_reference_runs_in_the_learners_layout_with_the_same_gradient(policy_state: Policy) -> None:
+    """The reference scores the action tokens in the update's layout; the KL gradient is the same in each."""
+
+    def grad_norm(layout: Layout, kl_coef: float) -> float:
+        policy = fresh_policy(policy_state)
+        reference = ReferencePolicy.for_policy(policy, layout=layout)
+        manual_seed(1)
+        with torch.no_grad():  # the policy moves away from its reference: the KL term has a gradient
+            for p in policy.trainable_parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        learner = Learner(
+            policy=policy,
+            config=config(f"optim.layout={layout}", "optim.micro_batch_tokens=96", f"grpo.kl_coef={kl_coef}"),
+            total_steps=10,
+            seed=0,
+            reference=reference,
+        )
+        samples, _ = learner.prepare(_groups_sharing_their_prompts(policy))
+        return learner.update(samples)["optim/grad_norm"]
+
+    padded = grad_norm("padded", 1.0)
+    assert grad_norm("prefix_grouped", 1.0) == pytest.approx(padded, rel=1e-5)
+    assert grad_norm("packed", 1.0) == pytest.approx(padded, rel=1e-5)
+    assert abs(padded - grad_norm("padded", 0.0)) > 1e-3 * padded  # the KL term is in that gradient
 
 
 @pytest.mark.parametrize(

@@ -55,6 +55,7 @@ def config(*overrides: str) -> Config:
             "optim.warmup_steps=0",
             "optim.micro_batch_tokens=256",
             "model.value_head=false",
+            "collection.overlap=false",  # the learner alone: π_old recomputed without TIS is on the table
             *overrides,
         ],
     )
@@ -244,6 +245,7 @@ def test_a_bf16_mixed_run_checkpoints_fp32_weights_and_optimizer_state_and_resum
         *("--set", "grpo.tasks_per_step=2"),
         *("--set", "grpo.filter_zero_std=false"),
         *("--set", "grpo.old_logprobs=recompute"),
+        *("--set", "collection.overlap=false"),
         *("--set", "env.max_new_tokens_per_turn=12"),
         *("--set", "env.max_turns_by_difficulty={easy: 2, medium: 2, hard: 2}"),
         *("--set", "eval.every=0"),

@@ -97,6 +97,7 @@ def overrides(root: Path, name: str, tasks: Path, *extra: str) -> list[str]:
         "grpo.ppo_epochs=1",
         "grpo.minibatches=2",
         "grpo.filter_zero_std=false",
+        "collection.overlap=false",  # two minibatches recompute π_old
         "env.max_new_tokens_per_turn=48",
         "env.max_turns_by_difficulty={easy: 2, medium: 3, hard: 3}",
         "collection.max_concurrent_episodes=1",

@@ -62,6 +62,7 @@ def make_config(tmp_path: Path, name: str, tasks: Path, *extra: str) -> Config:
             "optim.lr=1e-3",
             "optim.warmup_steps=0",
             "tracking.progress=false",
+            "collection.overlap=false",  # collected, then learned (test_overlap.py runs the overlap)
             *extra,
         ],
     )

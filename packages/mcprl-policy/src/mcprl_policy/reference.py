@@ -8,13 +8,17 @@ continues with the same reference.
 
 The copy is stored in the policy's compute dtype (`mcprl_policy.Precision.dtype`): under ``bf16-mixed`` the
 policy's float32 master weights are the trained ones, the frozen reference needs no more than bf16. Every
-reference forward runs under the policy's `Policy.autocast`, as the policy's own do.
+reference forward runs under the policy's `Policy.autocast`, as the policy's own do, in the training forward's
+layout (``packed``, ``padded`` or ``prefix_grouped``: a group's shared prefix once), and scores only the tokens
+the caller reads (``needed``: the KL term reads the sampled ones).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Sequence
+from typing import assert_never
 
 import torch
 from torch import nn
@@ -23,53 +27,78 @@ from mcprl_policy.attention import is_packable
 from mcprl_policy.errors import PolicyError
 from mcprl_policy.loading import torch_dtype
 from mcprl_policy.packed import PackedForward, packed_forward
-from mcprl_policy.padded import padded_forward
+from mcprl_policy.padded import Layout, padded_forward
 from mcprl_policy.policy import Policy
+from mcprl_policy.prefix_grouped import prefix_grouped_forward
 
 __all__ = ["ReferencePolicy", "frozen_forward"]
 
 
 def frozen_forward(
-    policy: Policy, model: nn.Module, sequences: Sequence[Sequence[int]], temperature: float
+    policy: Policy,
+    model: nn.Module,
+    sequences: Sequence[Sequence[int]],
+    temperature: float,
+    *,
+    layout: Layout = "packed",
+    needed: torch.Tensor | None = None,
 ) -> PackedForward:
     """Per-token logprobs of ``sequences`` under a frozen ``model`` read as ``policy`` reads its own.
 
-    Runs under the policy's `Policy.autocast`, with its logits chunking, vocabulary limit and pad token: packed
-    when the model allows it (`is_packable`), else padded rows (the same per-token results). No autograd
-    context is set: callers run it under ``torch.no_grad()``.
+    Runs under the policy's `Policy.autocast`, with its logits chunking, vocabulary limit and pad token, in
+    ``layout``: ``packed`` falls back to padded rows where the model cannot pack (`is_packable`); every layout
+    gives the same per-token results. ``needed`` (``(N,)`` bool) scores only those tokens (`scored_tokens`; the
+    others read 0). No autograd context is set: callers run it under ``torch.no_grad()``.
     """
     chunk, limit = policy.logits_chunk_size, policy.vocab_limit
+    pad = int(policy.tokenizer.pad_token_id or 0)
     with policy.autocast():
-        if is_packable(model):
-            return packed_forward(
-                model, sequences, temperature=temperature, chunk_size=chunk, vocab_limit=limit
-            )
-        pad = int(policy.tokenizer.pad_token_id or 0)
-        return padded_forward(
-            model, sequences, temperature=temperature, chunk_size=chunk, pad_token_id=pad, vocab_limit=limit
-        )
+        match layout:
+            case "packed" if is_packable(model):
+                return packed_forward(
+                    model,
+                    sequences,
+                    temperature=temperature,
+                    chunk_size=chunk,
+                    vocab_limit=limit,
+                    needed=needed,
+                )
+            case "packed" | "padded" | "prefix_grouped":
+                forward = prefix_grouped_forward if layout == "prefix_grouped" else padded_forward
+                return forward(
+                    model,
+                    sequences,
+                    temperature=temperature,
+                    chunk_size=chunk,
+                    pad_token_id=pad,
+                    vocab_limit=limit,
+                    needed=needed,
+                )
+            case _:
+                assert_never(layout)
 
 
 class ReferencePolicy:
     """Reference log-probabilities for the KL penalty; build with `ReferencePolicy.for_policy`."""
 
-    def __init__(self, policy: Policy, frozen: nn.Module | None) -> None:
+    def __init__(self, policy: Policy, frozen: nn.Module | None, *, layout: Layout = "packed") -> None:
         self.policy = policy
         self.frozen = frozen
+        self.layout: Layout = layout
 
     @classmethod
-    def for_policy(cls, policy: Policy) -> ReferencePolicy:
+    def for_policy(cls, policy: Policy, *, layout: Layout = "packed") -> ReferencePolicy:
         """Adapters-off view of a LoRA policy (no copy), or a frozen deep copy (in the compute dtype) of a
-        fully trained one."""
+        fully trained one; its forwards run in ``layout`` (the training forward's)."""
         if policy.lora is not None:
             if not hasattr(policy.model, "disable_adapter"):
                 raise PolicyError("a LoRA policy's model must be a peft model with disable_adapter()")
-            return cls(policy, None)
+            return cls(policy, None, layout=layout)
         frozen = copy.deepcopy(policy.model).to(torch_dtype(policy.precision.dtype))
         frozen.eval()
         for p in frozen.parameters():
             p.requires_grad_(False)
-        return cls(policy, frozen)
+        return cls(policy, frozen, layout=layout)
 
     @property
     def shares_weights(self) -> bool:
@@ -77,16 +106,24 @@ class ReferencePolicy:
         return self.frozen is None
 
     @torch.no_grad()
-    def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> PackedForward:
-        """Per-token reference logprobs and entropies of packed ``sequences`` (no values, no autograd)."""
+    def logprobs(
+        self,
+        sequences: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        *,
+        needed: torch.Tensor | None = None,
+    ) -> PackedForward:
+        """Per-token reference logprobs and entropies of packed ``sequences`` (no values, no autograd); with
+        ``needed`` (``(N,)`` bool) only those tokens are scored, the others read 0."""
+        forward = functools.partial(frozen_forward, layout=self.layout, needed=needed)
         if self.frozen is not None:
-            return frozen_forward(self.policy, self.frozen, sequences, temperature)
+            return forward(self.policy, self.frozen, sequences, temperature)
         model = self.policy.model
         was_training = model.training
         model.eval()
         try:
             with model.disable_adapter():  # pyright: ignore[reportCallIssue, reportAttributeAccessIssue]
-                return frozen_forward(self.policy, model, sequences, temperature)
+                return forward(self.policy, model, sequences, temperature)
         finally:
             model.train(was_training)
 

@@ -125,7 +125,7 @@ def build_reference(config: Config, backend: UpdateBackend) -> KLReference | Non
         return reference
     from mcprl_policy import ReferencePolicy
 
-    return ReferencePolicy.for_policy(backend.sampling_policy)
+    return ReferencePolicy.for_policy(backend.sampling_policy, layout=config.optim.layout)
 
 
 def build_sampler(

@@ -240,8 +240,7 @@ class Learner:
     # -- the update --------------------------------------------------------------------------------------
 
     def forward(self, m: MicroBatch) -> PackedForward:
-        """The policy's forward over ``m``, its action tokens scored (every token when values are trained:
-        GAE reads the value of every state)."""
+        """The policy's forward over ``m``: its action tokens scored (every token when values train: GAE)."""
         needed = None if self.needs_values else m.mask
         return self.backend.forward(
             m.ids, temperature=self.temperature, values=self.needs_values, needed=needed
@@ -272,7 +271,8 @@ class Learner:
         penalty: torch.Tensor | float = 0.0
         for m in micros:
             if self.reference is not None and self.grpo.kl_coef > 0:
-                m.ref = self.reference.logprobs(m.ids, temperature=self.temperature).logprobs.float()
+                ref = self.reference.logprobs(m.ids, temperature=self.temperature, needed=m.mask)
+                m.ref = ref.logprobs.float()
             if self.recompute_old:
                 penalty += old_policy_targets(m, self.forward(m), self.grpo, values=self.needs_values)
         return kl_reward_metrics(micros, penalty=penalty) if self.grpo.kl_in_reward else {}

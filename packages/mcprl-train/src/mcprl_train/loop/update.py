@@ -45,8 +45,15 @@ class KLReference(Protocol):
         """Whether the reference is the policy's own base weights (LoRA): nothing to move or checkpoint."""
         ...
 
-    def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> PackedForward:
-        """Per-token reference logprobs of packed ``sequences`` (no autograd)."""
+    def logprobs(
+        self,
+        sequences: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        *,
+        needed: torch.Tensor | None = None,
+    ) -> PackedForward:
+        """Per-token reference logprobs of packed ``sequences`` (no autograd); ``needed`` marks the tokens the
+        caller reads (a reference may score more of them, never fewer)."""
         ...
 
     def update(self, *, ema: float) -> None:

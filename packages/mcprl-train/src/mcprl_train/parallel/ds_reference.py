@@ -157,8 +157,18 @@ class PartitionedReference:
         return sum(_numel(p) for _, p, _ in self.pairs)
 
     @torch.no_grad()
-    def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> PackedForward:
-        """Per-token reference logprobs and entropies of packed ``sequences`` (collective; no values)."""
+    def logprobs(
+        self,
+        sequences: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        *,
+        needed: torch.Tensor | None = None,
+    ) -> PackedForward:
+        """Per-token reference logprobs and entropies of packed ``sequences`` (collective; no values).
+
+        Every token is scored, ``needed`` or not: ZeRO-3 gathers the head for each call, and the ranks must make
+        the same calls (the training forward's rule under DeepSpeed).
+        """
         ids = [list(s) for s in sequences]
         logprobs, entropies, valid = self.engine(ids, temperature)
         return PackedForward(
