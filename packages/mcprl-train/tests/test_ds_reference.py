@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,10 @@ print("REPORT " + json.dumps(report) + "\n", end="", flush=True)  # one write: t
 """
 
 
+NATIVE_ABORT = "terminate called without an active exception"
+"""What a rank prints when it aborts in C++ (SIGABRT) before the script's own code fails."""
+
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("ds-reference")
@@ -135,14 +140,24 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     env = {k: v for k, v in env.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    proc = subprocess.run(
-        [*command, str(script), str(tmp / "partitions")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+
+    def launch() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*command, str(script), str(tmp / "partitions")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+
+    proc = launch()
+    if proc.returncode != 0 and NATIVE_ABORT in proc.stderr and "REPORT " not in proc.stdout:
+        # Seen twice in full test runs (benchmarks/RESULTS.md, 2026-11-28), never in 6 reruns of this file alone:
+        # a rank aborts in native code right after loading the model, before the reference's code runs. One
+        # retry, said aloud; a second abort, or any other failure, fails the module.
+        warnings.warn(f"a rank aborted before its report; retrying once: {proc.stderr[-1500:]}", stacklevel=1)
+        proc = launch()
     assert proc.returncode == 0, proc.stderr[-6000:]
     found = [
         json.loads(x.removeprefix("REPORT ")) for x in proc.stdout.splitlines() if x.startswith("REPORT ")
