@@ -43,9 +43,10 @@ def split_threads(ways: int) -> Iterator[int]:
     if ways < 1:
         raise ValueError(f"split_threads(ways={ways}): ways must be >= 1")
     _whole = torch.get_num_threads()
-    token = _share.set(max(1, _whole // ways))
+    share = max(1, _whole // ways)
+    token = _share.set(share)
     try:
-        yield max(1, _whole // ways)
+        yield share
     finally:
         _share.reset(token)
 
