@@ -1,13 +1,43 @@
-"""Fixtures shared by every test folder of the workspace (pytest loads this file for all of them)."""
+"""The test environment and fixtures shared by every test folder of the workspace (pytest loads this file for
+all of them, before any test module is imported).
+
+The suite owns its environment: whatever the caller exported, tests run with tracking off, the hub offline and
+the tokenizers' thread pool off, and without a wandb service or API key of the caller's. A test that is about
+one of these variables sets it itself (``monkeypatch.setenv``, or the ``env=`` of the process it starts).
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+TEST_ENVIRONMENT = {
+    "WANDB_MODE": "disabled",
+    "WEAVE_DISABLED": "true",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+"""Set for the whole session before anything imports huggingface_hub (which reads ``HF_HUB_OFFLINE`` once)."""
+CALLERS_ONLY = ("WANDB_SERVICE", "WANDB_API_KEY", "WANDB_DIR", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+"""Dropped: a caller's wandb service, account or token must not reach the tests' runs."""
+
+os.environ.update(TEST_ENVIRONMENT)
+for _name in CALLERS_ONLY:
+    os.environ.pop(_name, None)
+
+
+@pytest.fixture(autouse=True)
+def _no_wandb_service_after_the_test() -> Iterator[None]:
+    """A test that starts wandb in this process leaves its service's address in ``WANDB_SERVICE``: every process
+    a later test starts would share that service (and a killed run's stream would stay open there)."""
+    yield
+    os.environ.pop("WANDB_SERVICE", None)
+
 
 FETCH_SCRIPT = Path(__file__).resolve().parent / "scripts" / "fetch-chat-templates.py"
 

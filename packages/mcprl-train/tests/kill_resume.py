@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import assert_never, get_args
 
@@ -270,6 +270,7 @@ def kill_and_resume(
     schedule: KillSchedule,
     logs: Path,
     timeout_s: float = 900.0,
+    env: Mapping[str, str] | None = None,
 ) -> KillRun:
     """Run ``command(resume)`` until it exits 0, SIGKILLing attempt ``i`` at ``schedule.points[i]``.
 
@@ -280,6 +281,7 @@ def kill_and_resume(
             schedule.
         logs: Where each attempt's stdout and stderr go (``attempt-<i>.log``).
         timeout_s: Per attempt.
+        env: The attempts' environment (default: this process's).
 
     Raises:
         RuntimeError: an attempt exits with an error or runs past ``timeout_s``.
@@ -294,7 +296,7 @@ def kill_and_resume(
         since = _size(run / PHASES_FILE)
         stale = set(_temporaries(run))
         with (logs / f"attempt-{attempt}.log").open("wb") as out:
-            proc = subprocess.Popen(command(resume), stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(command(resume), stdout=out, stderr=subprocess.STDOUT, env=env)
             started = time.monotonic()
             fired = _wait_for(schedule, point, proc, run, since, timeout_s) if point is not None else None
             children = _children(proc.pid) if fired is not None else []

@@ -250,11 +250,14 @@ def test_an_output_inside_the_checkpoint_and_adapter_of_a_full_fine_tune_are_ref
 
 @pytest.mark.slow  # trains a short demo run once per module (~40 s)
 def test_push_to_hub_with_the_hub_offline_fails_before_writing_anything(
-    full_checkpoint: Checkpoint, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    full_checkpoint: Checkpoint,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import huggingface_hub.constants
 
-    assert huggingface_hub.constants.HF_HUB_OFFLINE  # the test environment: HF_HUB_OFFLINE=1
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once, at its import
     out = tmp_path / "out"
     assert main(["export", str(full_checkpoint.path), str(out), "--push-to-hub", "me/agent"]) == 2
     assert "HF_HUB_OFFLINE is set" in _error(capsys)

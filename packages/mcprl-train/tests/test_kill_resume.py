@@ -8,6 +8,7 @@ uninterrupted run's phases; ``benchmarks/bench_kill_resume.py`` runs many more o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from pathlib import Path
@@ -15,7 +16,13 @@ from pathlib import Path
 import pytest
 from kill_resume import draw_schedule, kill_and_resume, reference_timeline, train_command
 from run_compare import run_differences
-from train_testkit import CHECKPOINT_EVERY_STEP, demo_tasks, tiny_demo_run
+from train_testkit import (
+    CHECKPOINT_EVERY_STEP,
+    demo_tasks,
+    shared_wandb_service,
+    tiny_demo_run,
+    wandb_offline_env,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -34,19 +41,30 @@ def short_run(root: Path, name: str, tasks: Path, *, steps: int = 3) -> list[str
     ]
 
 
-def straight_run(root: Path, tasks: Path, *, steps: int = 3) -> Path:
+def straight_run(root: Path, tasks: Path, *, steps: int = 3, env: dict[str, str] | None = None) -> Path:
     """The uninterrupted run."""
     command = train_command(short_run(root, "straight", tasks, steps=steps), root / "straight")
-    done = subprocess.run(command(False), capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(command(False), capture_output=True, text=True, timeout=900, check=False, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return root / "straight"
 
 
 @pytest.mark.timeout(2700)  # about 3 min on an idle machine; 15 min and more on a shared one at load 20
-def test_a_run_killed_at_random_points_and_resumed_equals_the_uninterrupted_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tracking", ["off", "wandb_offline_shared_service"])
+def test_a_run_killed_at_random_points_and_resumed_equals_the_uninterrupted_run(
+    tmp_path: Path, tracking: str
+) -> None:
+    """With tracking on, every attempt logs to wandb offline through one shared wandb-core service, which keeps
+    the stream of each killed attempt open (test_reproducible.py says why that matters)."""
+    with contextlib.ExitStack() as stack:
+        env = None if tracking == "off" else wandb_offline_env(stack.enter_context(shared_wandb_service()))
+        _killed_at_random_points(tmp_path, env)
+
+
+def _killed_at_random_points(tmp_path: Path, env: dict[str, str] | None) -> None:
     tasks = demo_tasks(tmp_path / "tasks.json", 1)
     root = tmp_path / "runs"
-    straight = straight_run(root, tasks)
+    straight = straight_run(root, tasks, env=env)
     calls = sum(
         json.loads(line)["metrics"]["tool_calls"] for line in (straight / "trajectories.jsonl").open()
     )
@@ -70,6 +88,7 @@ def test_a_run_killed_at_random_points_and_resumed_equals_the_uninterrupted_run(
         killed,
         schedule=schedule,
         logs=tmp_path / "attempts",
+        env=env,
     )
     report = [(k.aimed, k.where, k.detail, k.orphans) for k in result.kills]
     assert len(result.kills) == 3, report

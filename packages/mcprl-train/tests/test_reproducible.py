@@ -9,6 +9,8 @@ on every token and reward, and on logprobs and metrics to ~1e-6 rather than bit 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
 import shutil
@@ -20,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_testkit import CHECKPOINT_EVERY_STEP, demo_tasks, tiny_demo_run
+from train_testkit import (
+    CHECKPOINT_EVERY_STEP,
+    demo_tasks,
+    shared_wandb_service,
+    tiny_demo_run,
+    wandb_offline_env,
+)
 
 from mcprl_train.config import Config
 from mcprl_train.loop.trainer import Trainer
@@ -157,12 +165,31 @@ def _step_logged(run: Path, step: int) -> bool:
     return path.is_file() and f'"step":{step},' in path.read_text()
 
 
-@pytest.mark.parametrize("kill_when", ["checkpoint_1", "step_2_logged"])
+@pytest.mark.parametrize(
+    ("kill_when", "tracking"),
+    [("checkpoint_1", "off"), ("step_2_logged", "off"), ("step_2_logged", "wandb_offline_shared_service")],
+)
 def test_a_run_killed_with_sigkill_and_resumed_equals_the_uninterrupted_run(
-    tmp_path: Path, kill_when: str
+    tmp_path: Path, kill_when: str, tracking: str
 ) -> None:
+    """With tracking on, the runs log to wandb offline through one shared wandb-core service (``WANDB_SERVICE``,
+    as a user's launcher or a parent process that used wandb exports it): the killed run's stream stays open
+    there, and the resumed run must still be tracked and finish."""
+    with contextlib.ExitStack() as stack:
+        env = dict(os.environ)
+        if tracking != "off":
+            env = wandb_offline_env(stack.enter_context(shared_wandb_service()))
+        _kill_and_resume(tmp_path, kill_when, env)
+    run = tmp_path / "runs" / "killed"
+    if tracking != "off":
+        events = [json.loads(line)["event"] for line in (run / "training.log").open()]
+        assert events.count("wandb_started") == 2, events  # the killed attempt and the resumed one
+        assert "wandb_resume_refused" in events
+    assert_identical_after(run, tmp_path / "runs" / "straight", 0)
+
+
+def _kill_and_resume(tmp_path: Path, kill_when: str, env: dict[str, str]) -> None:
     tasks = demo_tasks(tmp_path / "tasks.json", 2)
-    env = dict(os.environ)
     straight = subprocess.run(
         _cli(tmp_path, "straight", tasks), env=env, capture_output=True, text=True, timeout=900, check=False
     )
@@ -192,4 +219,4 @@ def test_a_run_killed_with_sigkill_and_resumed_equals_the_uninterrupted_run(
         check=False,
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert_identical_after(run, tmp_path / "runs" / "straight", 0)
+    assert "Traceback" not in resumed.stderr

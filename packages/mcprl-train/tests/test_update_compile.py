@@ -77,12 +77,17 @@ def test_an_update_with_compiled_layers_is_the_eager_update_within_float_toleran
         assert math.isclose(compiled[key], eager[key], rel_tol=1e-4, abs_tol=1e-6), key
     before = list(template.trainable_parameters())
     assert sum(not torch.equal(a, b) for a, b in zip(before, eager_params, strict=True)) > len(before) // 2
-    # AdamW's first step moves each weight by about lr · gradient / |gradient|: where a gradient is near AdamW's
-    # eps, float rounding alone changes that step by up to 2 · lr (the gradients themselves are held tight
-    # above); everywhere else the weights agree to float rounding.
+    # AdamW's first step moves each weight by lr · g / (|g| + eps), a step function of the gradient g: where g is
+    # within float rounding of zero, rounding alone turns that step by up to 2 · lr (the gradients themselves are
+    # held tight by the test above). So every weight agrees within 2 · lr, and all but a few in a thousand of
+    # the model's weights agree to float rounding; counted over the whole model, not per tensor, where one such
+    # weight in a 128-element norm would be 1/128 of it.
+    moved = 0
     for got, want in zip(compiled_params, eager_params, strict=True):
         torch.testing.assert_close(got, want, atol=2e-3, rtol=0.0)
-        assert float(((got - want).abs() > 1e-6).float().mean()) < 1e-3
+        moved += int(((got - want).abs() > 1e-6).sum())
+    total = sum(p.numel() for p in eager_params)
+    assert moved < 1e-3 * total, (moved, total)
 
 
 def test_compile_with_the_packed_layout_is_refused() -> None:

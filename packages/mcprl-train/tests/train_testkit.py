@@ -9,7 +9,8 @@ import os
 import random
 import subprocess
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,41 @@ CHECKPOINT_EVERY_STEP = (
 )
 """`tiny_demo_run`'s settings for the resume checks: a checkpoint after every step, one epoch of two
 minibatches over every group (none filtered), no periodic evaluation."""
+
+
+def wandb_offline_env(service: str | None = None) -> dict[str, str]:
+    """This process's environment with wandb tracking offline (what a user without an account sets), quietly;
+    with ``service``, the address of a shared wandb-core service (``WANDB_SERVICE``) every run connects to."""
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env.pop("WANDB_SERVICE", None)
+    if service is not None:
+        env["WANDB_SERVICE"] = service
+    return env
+
+
+@contextmanager
+def shared_wandb_service() -> Iterator[str]:
+    """A detached wandb-core service, as a user starts one for worker processes (``wandb beta core start``):
+    it outlives the runs that connect to it, so a run killed while connected leaves its stream behind there.
+    Yields its ``WANDB_SERVICE`` address; stopped on exit."""
+    wandb_cli = [sys.executable, "-c", "import sys; from wandb.cli.cli import cli; sys.exit(cli())"]
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    started = subprocess.run(
+        [*wandb_cli, "beta", "core", "start", "--idle-timeout", "15m"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    token = started.stdout.strip().splitlines()[-1]
+    try:
+        yield token
+    finally:
+        subprocess.run(
+            [*wandb_cli, "beta", "core", "stop"],
+            env={**env, "WANDB_SERVICE": token},
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )

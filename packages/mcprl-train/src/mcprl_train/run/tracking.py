@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import sys
 from collections.abc import Generator, Mapping, Sequence
 from contextlib import contextmanager
@@ -161,32 +162,69 @@ class Tracker:
             logger.info("wandb_unavailable", hint=_WANDB_HINT)
             self.wandb_mode = "disabled"
             return
+        errors = _wandb_errors()
+        stable = _wandb_id(self.run_dir)
+        try:
+            self._wandb_run = self._init_wandb(wandb, stable)
+        except errors as exc:
+            # A wandb-core service shared with other processes (a parent's, exported in WANDB_SERVICE) still
+            # holds the stream of a run killed before it could finish: wandb refuses that id ("is in use").
+            # A fresh id, linked to the old one in the config, keeps the resumed run tracked.
+            fresh = f"{stable}-{secrets.token_hex(3)}"
+            logger.warning("wandb_resume_refused", id=stable, error=str(exc), new_id=fresh)
+            try:
+                self._wandb_run = self._init_wandb(wandb, fresh, resumed_from=stable)
+            except errors as again:
+                logger.warning(
+                    "wandb_unavailable", error=str(again), detail="the run continues without wandb"
+                )
+                self.wandb_mode = "disabled"
+                return
+        logger.info(
+            "wandb_started", mode=self.wandb_mode, id=self._wandb_run.id, dir=str(self.run_dir.path / "wandb")
+        )
+
+    def _init_wandb(self, wandb: Any, run_id: str, *, resumed_from: str | None = None) -> Any:
+        """``wandb.init`` of this run under ``run_id`` (resumed when that run exists), ``argv`` redacted."""
         source = self.config.tools.source
-        secrets = source.literal_secrets() if isinstance(source, InlineServers) else frozenset[str]()
-        with _argv_redacted(secrets):
-            self._wandb_run = wandb.init(
+        secrets_ = source.literal_secrets() if isinstance(source, InlineServers) else frozenset[str]()
+        config = self.config.to_dict(redact=True)
+        if resumed_from is not None:
+            config["wandb_resumed_from"] = resumed_from
+        with _argv_redacted(secrets_):
+            return wandb.init(
                 project=self.config.tracking.project,
                 name=self.run_dir.name,
-                id=_wandb_id(self.run_dir),
+                id=run_id,
                 resume="allow",
                 dir=str(self.run_dir.path),
-                config=self.config.to_dict(redact=True),
+                config=config,
                 mode=self.wandb_mode,
             )
-        logger.info("wandb_started", mode=self.wandb_mode, dir=str(self.run_dir.path / "wandb"))
 
     def _start_weave(self) -> None:
         try:
             import weave
         except ImportError as exc:
             raise TrackingError(f"tracking.weave needs weave: {_WANDB_HINT}") from exc
-        weave.init(self.config.tracking.project)
+        try:
+            weave.init(self.config.tracking.project)
+        except Exception as exc:  # weave raises no error type of its own; any failure here means no tracing
+            raise TrackingError(
+                f"weave could not start for project {self.config.tracking.project!r}: {exc}"
+            ) from exc
 
         @weave.op(name="episode")
         def episode(record: dict[str, Any]) -> dict[str, Any]:
             return {k: record.get(k) for k in ("reward", "success", "valid", "stop_reason", "answer")}
 
         self._weave_op = episode
+
+    def _drop_wandb(self, what: str, exc: BaseException) -> None:
+        """Stop logging to a wandb run that failed (the run's own files still hold every record)."""
+        logger.warning(f"wandb_{what}_failed", error=str(exc), detail="the run continues without wandb")
+        self._wandb_run = None
+        self.wandb_mode = "disabled"
 
     # -- the sink protocol (`mcprl_train.run.sinks.MetricsSink`) --------------------------------------------
 
@@ -205,7 +243,10 @@ class Tracker:
             for k, v in full.items()
             if isinstance(v, int | float) and not isinstance(v, bool)
         }
-        self._wandb_run.log(numeric, step=step)
+        try:
+            self._wandb_run.log(numeric, step=step)
+        except _wandb_errors() as exc:
+            self._drop_wandb("log", exc)
 
     def write_episodes(self, step: int, episodes: Sequence[Mapping[str, object]]) -> None:
         """Trace each episode of ``step`` as a weave call (labelled with the run and step, as on disk)."""
@@ -216,18 +257,33 @@ class Tracker:
     def write_summary(self, summary: Mapping[str, object]) -> None:
         """Set the wandb run's summary to the run's (non-null) summary fields."""
         if self._wandb_run is not None:
-            self._wandb_run.summary.update({k: v for k, v in summary.items() if v is not None})
+            try:
+                self._wandb_run.summary.update({k: v for k, v in summary.items() if v is not None})
+            except _wandb_errors() as exc:
+                self._drop_wandb("summary", exc)
 
     def finish(self) -> None:
         """Close the wandb run (flushes offline files)."""
         if self._wandb_run is not None:
-            self._wandb_run.finish()
+            try:
+                self._wandb_run.finish()
+            except _wandb_errors() as exc:
+                logger.warning("wandb_finish_failed", error=str(exc), run_dir=str(self.run_dir.path))
             self._wandb_run = None
         if self._weave_op is not None:
             import weave
 
             weave.finish()
             self._weave_op = None
+
+
+def _wandb_errors() -> tuple[type[BaseException], ...]:
+    """What wandb raises when its service refuses or loses a run: its own errors and its mailbox's."""
+    from wandb.errors import Error
+    from wandb.sdk.mailbox import HandleAbandonedError, MailboxClosedError
+    from wandb.sdk.mailbox.mailbox_handle import ServerResponseError
+
+    return (Error, ServerResponseError, HandleAbandonedError, MailboxClosedError)
 
 
 def _wandb_id(run_dir: RunDir) -> str:
