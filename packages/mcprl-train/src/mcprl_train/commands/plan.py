@@ -30,14 +30,18 @@ __all__ = ["MemoryPlan", "MemoryRow", "ModelShape", "load_model_shape", "plan_me
 
 def load_model_shape(name: str) -> ModelShape:
     """The shape of ``name``, looked up in this order: the embedded tiny presets, the shipped table of common
-    models (`mcprl_train.commands.architectures`), a local directory's ``config.json``, the Hugging Face cache.
+    models (`mcprl_train.commands.architectures`; a built-in pretrained model such as ``smollm2-135m`` is the
+    published model it converts), a local directory's ``config.json``, the Hugging Face cache.
 
     Raises:
         PlanError: none of them has it (the message says how to provide the config), or its config is not a
             dense decoder's.
     """
+    from mcprl_policy.pinned_models import PINNED_MODELS
     from mcprl_policy.tiny import TINY_PRESETS
 
+    if name in PINNED_MODELS:
+        name = PINNED_MODELS[name].hub_id
     if name in TINY_PRESETS:
         p = TINY_PRESETS[name]
         return ModelShape(
