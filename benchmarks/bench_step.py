@@ -304,14 +304,17 @@ def matmul_params(model: torch.nn.Module) -> tuple[int, list[tuple[int, int]]]:
     return sum(i * o for i, o in shapes), shapes
 
 
-def matmul_gflops(shapes: list[tuple[int, int]], rows: int, *, repeats: int = 5) -> float:
-    """GFLOP/s of one core on ``(rows, in) @ (in, out)`` over the model's Linear shapes.
+def matmul_gflops(
+    shapes: list[tuple[int, int]], rows: int, *, repeats: int = 5, dtype: torch.dtype = torch.float32
+) -> float:
+    """GFLOP/s of one core on ``(rows, in) @ (in, out)`` over the model's Linear shapes, in ``dtype`` (the
+    dtype the path computes in: bfloat16 under bf16-mixed, where these CPUs' AMX units do the matmuls).
 
     One torch thread, timed by its thread CPU time (best of ``repeats``), so that other processes on a loaded
     machine do not count; the FLOP-bound times scale it by the run's torch threads.
     """
     rows = max(1, rows)
-    xs = [(torch.randn(rows, i), torch.randn(i, o)) for i, o in shapes]
+    xs = [(torch.randn(rows, i, dtype=dtype), torch.randn(i, o, dtype=dtype)) for i, o in shapes]
     flops = sum(2 * rows * i * o for i, o in shapes)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -510,7 +513,7 @@ def config_for(args: argparse.Namespace, output_dir: Path) -> Config:
         *args.set,
         "collection.overlap=false",  # the phases are timed one at a time
     ]
-    return Config.load(profile="cpu", overrides=overrides)
+    return Config.load(profile=args.profile, overrides=overrides)
 
 
 class _StopAfter:
@@ -597,9 +600,12 @@ def report(args: argparse.Namespace, rec: Recorder, trainer: Trainer, source: st
     rows_decode = decode.tokens / max(1, decode.calls)
     rows_prefill = prefill.tokens / max(1, prefill.calls)
     train_tokens = mean(lambda r: r.metrics.get("perf/train_tokens", 0.0))
-    g_decode = matmul_gflops(shapes, round(rows_decode)) * torch.get_num_threads()
-    g_prefill = matmul_gflops(shapes, round(rows_prefill)) * torch.get_num_threads()
-    g_update = matmul_gflops(shapes, trainer.config.optim.micro_batch_tokens) * torch.get_num_threads()
+    precision = trainer.policy.precision
+    dtype = torch.bfloat16 if precision.mixed and precision.dtype == "bfloat16" else torch.float32
+    threads = torch.get_num_threads()
+    g_decode = matmul_gflops(shapes, round(rows_decode), dtype=dtype) * threads
+    g_prefill = matmul_gflops(shapes, round(rows_prefill), dtype=dtype) * threads
+    g_update = matmul_gflops(shapes, trainer.config.optim.micro_batch_tokens, dtype=dtype) * threads
 
     collect_wall = mean(lambda r: r.collect[1].wall - r.collect[0].wall)
     collect_cpu = mean(lambda r: r.collect[1].cpu - r.collect[0].cpu)
@@ -745,6 +751,7 @@ def decode_shapes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--checkpoint", type=Path, default=None, help="a checkpoint or run directory")
+    parser.add_argument("--profile", default="cpu", help="the shipped profile whose step is timed")
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps measured")
     parser.add_argument("--eval-tasks", type=int, default=400, help="greedy evaluation episodes")
     parser.add_argument(
