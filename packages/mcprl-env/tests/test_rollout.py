@@ -178,7 +178,9 @@ async def test_sampler_failure_is_recorded_not_raised(manager: ToolManager) -> N
     assert ep.metrics["turns"] == 1
 
 
-async def test_wall_clock_limit_stops_a_stuck_sampler(manager: ToolManager) -> None:
+async def test_the_hard_limit_ends_an_episode_whose_sampler_never_answers_invalid(
+    manager: ToolManager,
+) -> None:
     class Stuck:
         async def sample(self, prompt_ids: object, *, max_new_tokens: int, seed: int | None = None) -> object:
             await anyio.Event().wait()
@@ -186,9 +188,12 @@ async def test_wall_clock_limit_stops_a_stuck_sampler(manager: ToolManager) -> N
 
     with anyio.fail_after(10):
         ep = await run(manager, Stuck(), episode_timeout_s=0.2)  # type: ignore[arg-type]
-    assert ep.stop_reason == "wall_clock"
-    assert ep.valid
+    # Nothing was served: the episode's own time never ran out, the hard limit (4 x 0.2 s) did.
+    assert (ep.stop_reason, ep.valid, ep.reward) == ("queue_timeout", False, 0.0)
+    assert ep.error is not None
+    assert "hard limit of 0.8 s" in ep.error
     assert ep.metrics["turns"] == 0
+    assert ep.metrics["wall_s"] >= 0.8
 
 
 async def test_message_posted_checker_reads_the_episodes_own_state(manager: ToolManager) -> None:

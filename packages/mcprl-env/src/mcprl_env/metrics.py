@@ -77,7 +77,10 @@ def aggregate_metrics(groups: Sequence[EpisodeGroup]) -> dict[str, float]:
     ``rollout/valid_frac``, ``rollout/invalid_episodes``, ``rollout/success_rate``, ``rollout/reward_mean``,
     ``rollout/reward_std``, ``rollout/turns_mean``, ``rollout/tool_calls_mean``, ``rollout/tokens_mean``,
     ``rollout/sampled_tokens_mean``, ``rollout/uniform_reward_groups`` (groups whose valid episodes all
-    scored the same), ``rollout/stop/<reason>`` (fraction of all episodes), ``tools/calls``,
+    scored the same), ``rollout/stop/<reason>`` (fraction of all episodes), ``rollout/queue_timeouts``
+    (episodes cut by the hard limit while waiting on our queues: invalid, counted), ``rollout/queue_s_mean``
+    and ``rollout/own_s_mean`` (over all episodes: seconds waited in the sampler's and tool servers' queues,
+    and the own time the wall-clock budget counts), ``tools/calls``,
     ``tools/error_rate``, ``tools/invalid_call_rate``, ``tools/parse_errors``, ``tools/parse_errors/<kind>``,
     ``tools/errors/<kind>``, ``tools/infra_errors``, ``reward/<component>_mean``.
     """
@@ -101,8 +104,12 @@ def aggregate_metrics(groups: Sequence[EpisodeGroup]) -> dict[str, float]:
         rewards = {ep.reward for ep in group.episodes if ep.valid}
         uniform += int(len(rewards) == 1)
     out["rollout/uniform_reward_groups"] = float(uniform)
-    for reason, n in sorted(Counter(ep.stop_reason for ep in episodes).items()):
+    stops = Counter(ep.stop_reason for ep in episodes)
+    for reason, n in sorted(stops.items()):
         out[f"rollout/stop/{reason}"] = n / len(episodes)
+    out["rollout/queue_timeouts"] = float(stops["queue_timeout"])
+    out["rollout/queue_s_mean"] = _mean([ep.metrics.get("queue_s", 0.0) for ep in episodes])
+    out["rollout/own_s_mean"] = _mean([ep.metrics.get("own_s", 0.0) for ep in episodes])
     totals: Counter[str] = Counter()
     for ep in episodes:
         totals.update(

@@ -21,6 +21,9 @@ class Completion(Protocol):
         logprobs: Sampling logprob of each id (same length as ``token_ids``).
         text: ``decode(token_ids)`` with special tokens skipped.
         finish_reason: ``"stop"`` (end-of-turn id or stop string) or ``"length"`` (hit ``max_new_tokens``).
+        queue_s: Seconds the request waited in the sampler's own queue (behind other requests) before it was
+            served; the episode's wall-clock budget does not count them (`mcprl_env.episode_clock`). 0 when the
+            sampler cannot tell.
     """
 
     @property
@@ -31,6 +34,8 @@ class Completion(Protocol):
     def text(self) -> str: ...
     @property
     def finish_reason(self) -> str: ...
+    @property
+    def queue_s(self) -> float: ...
 
 
 class Sampler(Protocol):
@@ -75,7 +80,11 @@ class ChatTokenizer(Protocol):
 
 
 class ToolOutcome(Protocol):
-    """What a tool call returns (satisfied by `mcprl_tools.ToolResult`)."""
+    """What a tool call returns (satisfied by `mcprl_tools.ToolResult`).
+
+    ``queue_s`` is how long the call waited before it was dispatched to its server (for the server's
+    session, behind the server's concurrency cap): the episode's wall-clock budget does not count it.
+    """
 
     @property
     def kind(self) -> str: ...
@@ -85,6 +94,8 @@ class ToolOutcome(Protocol):
     def error_type(self) -> str | None: ...
     @property
     def truncated(self) -> bool: ...
+    @property
+    def queue_s(self) -> float: ...
 
 
 class ToolSpecLike(Protocol):

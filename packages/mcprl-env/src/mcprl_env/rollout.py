@@ -4,13 +4,16 @@
 (``valid=False``); only cancellation propagates. Model faults (malformed calls, unknown tools, invalid
 arguments, tool errors) become tool observations and are counted; infrastructure errors end the episode
 invalid, and so does a stateful server restarting under the episode (`SessionWatch`); budget stops end
-it with an explicit stop reason. A turn's tool calls are run by `mcprl_env.tool_turn`; the tools a task
-may use are `mcprl_env.access.ToolAccess` (re-exported here).
+it with an explicit stop reason. The wall-clock budget counts the episode's own time, not its waits in the
+sampler's or the tool servers' queues (`mcprl_env.episode_clock`): past it the episode stops with
+``wall_clock`` (valid); past the hard limit, which counts the waits, with ``queue_timeout`` (invalid). A
+turn's tool calls are run by `mcprl_env.tool_turn`; the tools a task may use are
+`mcprl_env.access.ToolAccess` (re-exported here).
 """
 
 from __future__ import annotations
 
-import time
+import math
 from collections.abc import Callable
 from functools import partial
 
@@ -22,6 +25,7 @@ from mcprl_env.access import ToolAccess
 from mcprl_env.checkers import check_outcome
 from mcprl_env.config import EnvConfig
 from mcprl_env.episode import Episode
+from mcprl_env.episode_clock import EpisodeClock
 from mcprl_env.errors import CheckerInfraError, TemplateDriftError, UserCodeError
 from mcprl_env.finished import FinishedEpisode
 from mcprl_env.metrics import EpisodeStats
@@ -62,7 +66,9 @@ class _Rollout:
         episode_id: str,
         group_id: str,
         seed: int | None,
+        clock: EpisodeClock,
     ) -> None:
+        self.clock = clock
         self.sessions = SessionWatch(manager)
         self.task, self.sampler, self.manager, self.tok = task, sampler, self.sessions, tokenizer
         self.config, self.parser = config, parser
@@ -80,6 +86,7 @@ class _Rollout:
             tokenizer=tokenizer,
             config=config,
             stats=self.stats,
+            clock=clock,
             episode_id=episode_id,
         )
 
@@ -94,11 +101,14 @@ class _Rollout:
         if self.config.max_total_tokens - len(self.transcript.token_ids) < self.config.min_new_tokens:
             return _Stop("token_budget", valid=False, error="the prompt leaves no room in max_total_tokens")
         while True:
+            if self.clock.spent:
+                return _Stop("wall_clock")
             remaining = self.config.max_total_tokens - len(self.transcript.token_ids)
             if remaining < self.config.min_new_tokens:
                 return _Stop("token_budget")
             max_new = min(self.config.max_new_tokens_per_turn, remaining)
             seed = None if self.seed is None else turn_seed(self.seed, self.episode_id, self.stats.turns)
+            self.clock.step()
             completion = await self.sampler.sample(
                 list(self.transcript.token_ids), max_new_tokens=max_new, seed=seed
             )
@@ -106,8 +116,11 @@ class _Rollout:
                 raise ValueError(
                     f"sampler returned {len(completion.token_ids)} ids for max_new_tokens={max_new}"
                 )
+            self.clock.sampled(completion.queue_s)
             self.transcript.add_sampled(completion)
             self.stats.turns += 1
+            if self.clock.spent:
+                return _Stop("wall_clock")
             if completion.finish_reason == "length":
                 return _Stop("token_budget" if max_new == remaining else "sampler_length")
             parsed = self.parser.parse(completion.text, tools=self.access.schemas)
@@ -127,6 +140,7 @@ class _Rollout:
             return _Stop("max_turns")
         if self.stats.tool_calls > self.config.max_tool_calls:
             return _Stop("max_tool_calls")
+        self.clock.step()
         observations = await self.tool_turns.execute(parsed.items, self.access)
         if isinstance(observations, CallsAborted):
             return _Stop(observations.reason, valid=False, error=observations.error)
@@ -154,7 +168,17 @@ class _Rollout:
             context=context,
         )
 
-    async def finish(self, stop: _Stop, started: float) -> Episode:
+    def queue_timeout(self, hard_s: float) -> _Stop:
+        """Why an episode the hard limit cut ends invalid: its own time was within budget, the rest waited."""
+        c = self.clock
+        c.cut()
+        error = (
+            f"the episode's hard limit of {hard_s:g} s passed after {c.own_s:.1f} s of its own time and "
+            f"{c.queue_s:.1f} s counted in queues: it was waiting on the sampler or a tool server"
+        )
+        return _Stop("queue_timeout", valid=False, error=error)
+
+    async def finish(self, stop: _Stop) -> Episode:
         valid, error, success = stop.valid, stop.error, False
         if valid:
             check = await check_outcome(
@@ -165,7 +189,7 @@ class _Rollout:
                 episode=self.finished(stop.reason),
             )
             if check.user_error is not None:
-                return self.user_code_failed(check.user_error, stop.reason, started)
+                return self.user_code_failed(check.user_error, stop.reason)
             if check.infra_error is not None:
                 valid, error = False, f"checker: {check.infra_error}"
                 stop = _Stop("infra_error", valid=False, error=error)
@@ -180,15 +204,13 @@ class _Rollout:
                     self.config.reward, self.finished(stop.reason, self.context(stop.reason, success))
                 )
             except UserCodeError as exc:
-                return self.user_code_failed(exc, stop.reason, started)
+                return self.user_code_failed(exc, stop.reason)
             except CheckerInfraError as exc:
                 valid, error, success = False, f"reward: {exc}", False
                 stop = _Stop("infra_error", valid=False, error=error)
-        return self.record(
-            stop.reason, valid=valid, error=error, success=success, started=started, user_values=user_values
-        )
+        return self.record(stop.reason, valid=valid, error=error, success=success, user_values=user_values)
 
-    def user_code_failed(self, exc: UserCodeError, reason: str, started: float) -> Episode:
+    def user_code_failed(self, exc: UserCodeError, reason: str) -> Episode:
         """The episode, invalid: a user's checker or reward function failed on it (not the model's fault)."""
         log.error(
             "user_code_error",
@@ -199,9 +221,7 @@ class _Rollout:
             error=str(exc),
             traceback=exc.traceback_text,
         )
-        return self.record(
-            "user_code_error", valid=False, error=f"user code: {exc}", success=False, started=started
-        )
+        return self.record("user_code_error", valid=False, error=f"user code: {exc}", success=False)
 
     def context(self, reason: str, success: bool) -> RewardContext:
         return RewardContext(
@@ -225,7 +245,6 @@ class _Rollout:
         valid: bool,
         error: str | None,
         success: bool,
-        started: float,
         user_values: dict[str, float] | None = None,
     ) -> Episode:
         if valid:
@@ -242,7 +261,7 @@ class _Rollout:
                 "tokens/sampled": float(t.sampled_tokens),
                 "tokens/env": float(t.env_tokens),
                 "template_drift": float(t.drift_count),
-                "wall_s": time.monotonic() - started,
+                **self.clock.metrics(),
             }
         )
         # Debug: a training step finishes hundreds of episodes; each is in the trajectories, the step is logged.
@@ -306,9 +325,9 @@ async def run_episode(
             episode does not depend on what else the sampler is serving; None: the sampler's own randomness.
 
     Returns:
-        The episode; ``valid=False`` with ``error`` set when something other than the model failed.
+        The episode; ``valid=False`` with ``error`` set when something other than the model failed. Its
+        metrics hold ``wall_s``, ``own_s`` (what the budget counts) and ``queue_s`` (sampler and tool queues).
     """
-    started = time.monotonic()
     rollout = _Rollout(
         task=task,
         sampler=sampler,
@@ -320,17 +339,19 @@ async def run_episode(
         episode_id=episode_id,
         group_id=group_id,
         seed=seed,
+        clock=EpisodeClock(budget_s=config.episode_timeout_s),
     )
-    timeout = config.episode_timeout_s if config.episode_timeout_s is not None else float("inf")
+    hard = config.hard_timeout_s()
     try:
-        stop = _Stop("wall_clock")
-        with anyio.move_on_after(timeout):
+        stop: _Stop | None = None
+        with anyio.move_on_after(hard if hard is not None else math.inf):
             stop = await rollout.loop()
-        return await rollout.finish(stop, started)
+        if stop is None:
+            assert hard is not None
+            stop = rollout.queue_timeout(hard)
+        return await rollout.finish(stop)
     except TemplateDriftError as exc:
-        return rollout.record("template_drift", valid=False, error=str(exc), success=False, started=started)
+        return rollout.record("template_drift", valid=False, error=str(exc), success=False)
     except Exception as exc:  # the episode boundary: one bad episode never escapes its group
         log.warning("episode_failed", episode_id=episode_id, error=f"{type(exc).__name__}: {exc}")
-        return rollout.record(
-            "error", valid=False, error=f"{type(exc).__name__}: {exc}", success=False, started=started
-        )
+        return rollout.record("error", valid=False, error=f"{type(exc).__name__}: {exc}", success=False)

@@ -213,12 +213,14 @@ class CharTokenizer:
 
 @attrs.frozen(kw_only=True)
 class ScriptedCompletion:
-    """A completion returned by `ScriptedSampler` (satisfies `mcprl_env.Completion`)."""
+    """A completion returned by `ScriptedSampler` (satisfies `mcprl_env.Completion`); ``queue_s``: the wait
+    before it was served that it reports (0: none)."""
 
     token_ids: list[int]
     logprobs: list[float]
     text: str
     finish_reason: str
+    queue_s: float = 0.0
 
 
 Script = Sequence[str | BaseException] | Callable[[str, int], str | BaseException]

@@ -4,7 +4,8 @@
 and unknown tools become error observations without reaching a server; the others run concurrently through
 the episode's `SessionWatch`. Model faults are counted in the episode's `EpisodeStats` and shown to the model;
 an infrastructure error or a stateful server's restart ends the episode (`CallsAborted`). Each call is kept as
-a `ToolCallRecord` for user checkers and reward functions.
+a `ToolCallRecord` for user checkers and reward functions. What the calls waited before dispatch goes to the
+episode's `EpisodeClock`, which leaves it out of the episode's own time.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import attrs
 
 from mcprl_env.access import ToolAccess
 from mcprl_env.config import EnvConfig
+from mcprl_env.episode_clock import EpisodeClock
 from mcprl_env.errors import ToolCallParseError
 from mcprl_env.finished import ToolCallRecord
 from mcprl_env.metrics import MODEL_FAULT_TOOL_ERRORS, EpisodeStats
@@ -43,6 +45,7 @@ class ToolTurns:
         tokenizer: Measures (and cuts) tool output in tokens.
         config: Per-turn call cap, output cap and truncation marker.
         stats: The episode's counters, updated by every turn.
+        clock: The episode's clock, told what each turn's calls waited before dispatch.
         episode_id: Sent with every call.
     """
 
@@ -53,9 +56,11 @@ class ToolTurns:
         tokenizer: ChatTokenizer,
         config: EnvConfig,
         stats: EpisodeStats,
+        clock: EpisodeClock,
         episode_id: str,
     ) -> None:
         self.sessions, self.tok, self.config, self.stats = sessions, tokenizer, config, stats
+        self.clock = clock
         self.episode_id = episode_id
         self.consecutive_invalid = 0
         self.records: list[ToolCallRecord] = []
@@ -96,6 +101,7 @@ class ToolTurns:
         async with anyio.create_task_group() as tg:
             for i, tool_call in pending:
                 tg.start_soon(call, i, tool_call)
+        self.clock.called(result.queue_s for result in results.values())
         if self.sessions.restart is not None:
             return CallsAborted(reason="server_restarted", error=self.sessions.restart)
         for i, _ in pending:

@@ -16,6 +16,7 @@ cache layers are refused when the engine is built.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -54,11 +55,17 @@ _log = structlog.get_logger()
 
 @attrs.define(eq=False, kw_only=True)
 class DecodeRequest:
-    """One generation request and, once finished, its result."""
+    """One generation request and, once finished, its result.
+
+    ``queued_at`` (`time.monotonic` when it was made) and ``admitted_at`` (when the engine took it from
+    ``pending`` into the running batch) time its wait in the queue.
+    """
 
     prompt_ids: list[int]
     max_new_tokens: int
     seed: int | None = None
+    queued_at: float = attrs.field(factory=time.monotonic)
+    admitted_at: float | None = None
     token_ids: list[int] = attrs.field(factory=list)
     logprobs: list[float] = attrs.field(factory=list)
     finish_reason: FinishReason | None = None
@@ -70,6 +77,12 @@ class DecodeRequest:
     def finished(self) -> bool:
         """Whether the request has a result (or an error)."""
         return self.finish_reason is not None or self.error is not None
+
+    @property
+    def queue_s(self) -> float:
+        """Seconds from its making until the engine admitted it (until now while it waits)."""
+        end = self.admitted_at if self.admitted_at is not None else time.monotonic()
+        return end - self.queued_at
 
 
 @attrs.define(kw_only=True)
@@ -231,6 +244,7 @@ class DecodeEngine:
         while self.pending and len(self._rows) + len(new) < self.max_batch_size:
             request = self.pending.popleft()
             if not request.cancelled:
+                request.admitted_at = time.monotonic()
                 new.append(request)
         return new
 

@@ -1,6 +1,6 @@
 """A GGUF file as a model name: converted once into a Hugging Face directory in the model cache.
 
-transformers reads a GGUF file (``from_pretrained(dir, gguf_file=...)``, needs the ``gguf`` package) by
+transformers reads a GGUF file (``from_pretrained(dir, gguf_file=...)``; needs ``pip install gguf``) by
 dequantising its weights, which takes seconds and cannot be mmapped, and refuses to ``save_pretrained`` the
 result while it carries the GGUF ``quantization_config``. `convert_gguf` therefore loads the file once, drops
 that config, and saves model and tokenizer (optionally with another chat template) under
@@ -159,7 +159,11 @@ def _convert_into(gguf: Path, out: Path, *, chat_template: str | None) -> None:
         model: Any = AutoModelForCausalLM.from_pretrained(  # pyright: ignore[reportUnknownMemberType]
             where, gguf_file=file, dtype=torch.float32, **_dequantize_kwargs()
         )
-    except (OSError, ValueError, KeyError, ImportError) as exc:
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"converting the GGUF file {str(gguf)!r} needs the gguf package ({exc}): `pip install gguf`"
+        ) from exc
+    except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"transformers could not read the GGUF file {str(gguf)!r}: {exc}") from exc
     _drop_quantization(model)
     packed = sorted({str(p.dtype) for p in model.parameters()} - {str(torch.float32)})

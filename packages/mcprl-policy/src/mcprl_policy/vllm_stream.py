@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -33,7 +34,7 @@ from mcprl_policy.errors import SamplerError
 from mcprl_policy.policy import Policy
 from mcprl_policy.vllm_engine import Engine, require_vllm
 
-__all__ = ["RequestStream"]
+__all__ = ["Generated", "RequestStream"]
 
 _log = structlog.get_logger()
 
@@ -47,10 +48,29 @@ class _Request:
     wake: Wakeup = attrs.field(factory=Wakeup)
     output: Any = None
     error: BaseException | None = None
+    queued_at: float = attrs.field(factory=time.monotonic)
+    admitted_at: float | None = None
 
     @property
     def finished(self) -> bool:
         return self.output is not None or self.error is not None
+
+
+@attrs.frozen(kw_only=True)
+class Generated:
+    """A finished request.
+
+    Attributes:
+        output: vLLM's final ``RequestOutput``.
+        queue_s: seconds from `RequestStream.generate` until the request was added to the engine (the wait for
+            a fuller first batch, for the driver's next turn between steps, for the running requests to finish
+            before a weight sync). vLLM's own scheduler may keep an added request waiting too, when
+            ``max_num_seqs`` requests run or the KV cache is full; that wait is not measured here (its
+            per-request timestamps need vLLM's stats logging), so it counts as the request's service.
+    """
+
+    output: Any
+    queue_s: float
 
 
 class RequestStream:
@@ -92,8 +112,8 @@ class RequestStream:
         """Whether requests are queued or running (weights must not change now)."""
         return bool(self._queued or self._running)
 
-    async def generate(self, prompt_ids: Sequence[int], params: Any, *, policy: Policy) -> Any:
-        """Run one request to completion; returns vLLM's final ``RequestOutput``.
+    async def generate(self, prompt_ids: Sequence[int], params: Any, *, policy: Policy) -> Generated:
+        """Run one request to completion; returns vLLM's final ``RequestOutput`` and its wait (`Generated`).
 
         Args:
             prompt_ids: the prompt's token ids.
@@ -118,7 +138,8 @@ class RequestStream:
         )
         if request.error is not None:
             raise SamplerError(f"vLLM generation failed: {request.error!r}") from request.error
-        return request.output
+        admitted = request.admitted_at if request.admitted_at is not None else request.queued_at
+        return Generated(output=request.output, queue_s=admitted - request.queued_at)
 
     def metrics(self) -> dict[str, float]:
         """``sampler/engine_steps``, ``sampler/requests``, ``sampler/running_max`` (most requests in one step)."""
@@ -160,6 +181,7 @@ class RequestStream:
         queued, self._queued = self._queued, []
         core = self.engine.core
         for r in queued:
+            r.admitted_at = time.monotonic()
             try:
                 with self.engine.lock:
                     core.add_request(

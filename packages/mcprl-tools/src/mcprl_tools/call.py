@@ -36,6 +36,8 @@ def failed_result(
     start: float,
     generation: int | None = None,
     stateful: bool = False,
+    *,
+    queue_s: float = 0.0,
 ) -> ToolResult:
     """A failed call's result; `generation` when the request reached that session of the server.
 
@@ -47,6 +49,7 @@ def failed_result(
         start: `time.perf_counter()` when the call began.
         generation: The server session the request reached.
         stateful: Whether that server keeps per-episode state.
+        queue_s: How long the call waited before it was dispatched (0: it never was).
     """
     kind = (
         "tool_error" if error_type in ("unknown_tool", "invalid_arguments", "tool_error") else "infra_error"
@@ -60,6 +63,7 @@ def failed_result(
         latency_s=time.perf_counter() - start,
         generation=generation,
         stateful=stateful,
+        queue_s=queue_s,
     )
 
 
@@ -101,6 +105,7 @@ async def call_server(
             if conn is None:
                 return _unavailable(name, runner, start)
         generation = runner.generation
+        waited = time.perf_counter() - start
         runner.inflight += 1
         runner.inflight_max = max(runner.inflight_max, runner.inflight)
         raw = None
@@ -109,28 +114,35 @@ async def call_server(
                 raw = await conn.call_tool(spec.tool, args, episode_id)
         except ConnectionLostError as exc:
             text = f"Tool {name} failed: server {cfg.name!r} crashed or closed the connection ({exc})"
-            return failed_result(name, cfg.name, "crashed", text, start, generation, cfg.stateful)
+            return failed_result(
+                name, cfg.name, "crashed", text, start, generation, cfg.stateful, queue_s=waited
+            )
         except UnsendableRequestError as exc:
             # Only the model's arguments vary between requests, so what cannot be encoded is theirs.
             text = f"Invalid arguments for {name}: they cannot be encoded as JSON ({exc}); nothing was sent"
-            return failed_result(name, cfg.name, "invalid_arguments", text, start)
+            return failed_result(name, cfg.name, "invalid_arguments", text, start, queue_s=waited)
         except RemoteError as exc:
             if exc.code in (INVALID_PARAMS, METHOD_NOT_FOUND):
-                return failed_result(name, cfg.name, "tool_error", f"Tool {name} error: {exc.message}", start)
+                text = f"Tool {name} error: {exc.message}"
+                return failed_result(name, cfg.name, "tool_error", text, start, queue_s=waited)
             runner.report_suspect()
             text = f"Tool {name} failed: {exc}"
-            return failed_result(name, cfg.name, "transport", text, start, generation, cfg.stateful)
+            return failed_result(
+                name, cfg.name, "transport", text, start, generation, cfg.stateful, queue_s=waited
+            )
         except Exception as exc:
             # The call boundary: a transport fault of any type becomes an infra result, never a raise.
             runner.report_suspect()
             text = f"Tool {name} failed: transport error {type(exc).__name__}: {cfg.redact(str(exc))}"
-            return failed_result(name, cfg.name, "transport", text, start, generation, cfg.stateful)
+            return failed_result(
+                name, cfg.name, "transport", text, start, generation, cfg.stateful, queue_s=waited
+            )
         finally:
             runner.inflight -= 1
     if raw is None or deadline.cancelled_caught:
         runner.report_suspect()
         text = f"Tool {name} timed out after {timeout:g} s"
-        return failed_result(name, cfg.name, "timeout", text, start, generation, cfg.stateful)
+        return failed_result(name, cfg.name, "timeout", text, start, generation, cfg.stateful, queue_s=waited)
     text, structured = raw.text, raw.structured
     if cfg.secrets:
         # A server must not hand its own credentials to the model, even by echoing them.
@@ -147,6 +159,7 @@ async def call_server(
         truncated=truncated,
         generation=generation,
         stateful=cfg.stateful,
+        queue_s=waited,
     )
 
 

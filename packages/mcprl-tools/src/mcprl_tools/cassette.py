@@ -278,9 +278,9 @@ class CassettePlayer:
         recorded = self.play(spec.server, spec.tool, arguments, history)
         if recorded is not None:
             # The cassette is one session of each server: results recorded across a restart must not look
-            # like a restart under the replayed episode.
+            # like a restart under the replayed episode; and a replayed call waits in no server's queue.
             generation = 1 if recorded.generation is not None else None
-            return attrs.evolve(recorded, name=name, generation=generation)
+            return attrs.evolve(recorded, name=name, generation=generation, queue_s=0.0)
         self.report_miss(spec.server, spec.tool, arguments, episode_id, earlier)
         after = f" after this episode's {earlier} earlier call(s) to {spec.server!r}" if history else ""
         return ToolResult(

@@ -79,6 +79,9 @@ class ToolResult:
             None when the call never reached a server (unknown tool, invalid arguments, unavailable).
         stateful: The server keeps state between calls (`ServerConfig.stateful`), so a change of
             `generation` within an episode means the episode's state was lost.
+        queue_s: Of `latency_s`, the time before the call was dispatched to the server: waiting for its
+            session and for a slot under its concurrency cap (0 when it never reached a server). Queueing
+            behind other callers, not the tool's own time.
     """
 
     kind: ResultKind
@@ -91,6 +94,7 @@ class ToolResult:
     truncated: bool = False
     generation: int | None = None
     stateful: bool = False
+    queue_s: float = 0.0
 
     @property
     def ok(self) -> bool:

@@ -20,6 +20,7 @@ async def evaluate_checkpoint(path: Path, overrides: Sequence[str]) -> dict[str,
     from mcprl_env import Environment
     from mcprl_train import build
     from mcprl_train.cassettes import tool_manager
+    from mcprl_train.loop.collection import episode_concurrency
     from mcprl_train.loop.evaluation import evaluate_tasks
     from mcprl_train.run.run_dir import open_checkpoint
 
@@ -38,7 +39,7 @@ async def evaluate_checkpoint(path: Path, overrides: Sequence[str]) -> dict[str,
             env,
             tasks,
             sampler,
-            max_concurrent_episodes=config.collection.max_concurrent_episodes,
+            max_concurrent_episodes=episode_concurrency(config.collection, config.sampler),
             namespace=f"eval-{loaded.path.name}",
         )
         replayed = {k: v for k, v in manager.step_metrics().items() if k.startswith("tools/replay/")}

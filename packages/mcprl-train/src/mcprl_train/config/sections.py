@@ -143,7 +143,9 @@ class CollectionConfig:
     """Collection of episode groups.
 
     Attributes:
-        max_concurrent_episodes: Episodes in flight during collection (and evaluation).
+        max_concurrent_episodes: Episodes in flight during collection (and evaluation), at most twice
+            ``sampler.max_batch_size`` (`mcprl_train.loop.collection.episode_concurrency`): more would only
+            wait in the sampler's queue.
         overlap: Collect step k+1 while step k's update runs (one step off-policy: the samplers generate from
             their own copy of the weights, a step behind; `mcprl_train.loop.overlap`), each on half of torch's
             CPU threads. Needs the sampler's logprobs as π_old or ``grpo.tis``, and one process.

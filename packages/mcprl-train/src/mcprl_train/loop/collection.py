@@ -3,7 +3,8 @@
 Model faults are data (the episode is scored and trained on); infrastructure faults are ours: a group whose
 episodes died of them is re-run (bounded retries), leftovers stay masked out of baselines and loss
 (`valid=False`), and the run aborts only when the invalid-episode rate of a step passes
-`run.max_invalid_rate` — with a message that names the errors.
+`run.max_invalid_rate` — with a message that names the errors. How many episodes run at once follows what
+the sampler serves at once (`episode_concurrency`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,25 @@ import attrs
 import structlog
 
 from mcprl_env import Environment, EpisodeGroup, Sampler, Task, aggregate_metrics
+from mcprl_train.config import CollectionConfig, SamplerConfig
 from mcprl_train.errors import InvalidRateError
 
 logger = structlog.get_logger()
+
+EPISODES_PER_SAMPLER_ROW = 2
+"""Episodes in flight per request the sampler serves at once (`episode_concurrency`)."""
+
+
+def episode_concurrency(collection: CollectionConfig, sampler: SamplerConfig) -> int:
+    """Episodes to run at once: ``collection.max_concurrent_episodes``, at most `EPISODES_PER_SAMPLER_ROW`
+    times ``sampler.max_batch_size`` (the requests the HF sampler decodes together; vLLM's ``max_num_seqs``).
+
+    An episode spends part of its time in tool calls and rendering, so twice the batch keeps the sampler's
+    batch full while at most about one batch of requests waits behind it: a request waits for about one turn
+    of the batch ahead, not for many. More episodes would only queue in the sampler, where their wait counts
+    against their hard wall-clock limit (`mcprl_env.EnvConfig.episode_hard_timeout_s`), not their budget.
+    """
+    return min(collection.max_concurrent_episodes, EPISODES_PER_SAMPLER_ROW * sampler.max_batch_size)
 
 
 def count_invalid(group: EpisodeGroup) -> int:
@@ -196,12 +213,19 @@ def check_invalid_rate(groups: Sequence[EpisodeGroup], max_invalid_rate: float) 
     if rate > max_invalid_rate:
         errors = Counter(str(e.error or e.stop_reason) for e in invalid).most_common(3)
         user = sum(e.stop_reason == "user_code_error" for e in invalid)
+        queued = sum(e.stop_reason == "queue_timeout" for e in invalid)
         check = (
             f"{user} of them failed in a user checker or reward function (the user_code_error events in "
             "training.log hold the tracebacks); fix that code, check"
             if user
             else "Check"
         )
+        if queued:
+            check = (
+                f"{queued} of them waited past env.episode_hard_timeout_s in the sampler's or a tool server's "
+                "queue (queue_timeout): lower collection.max_concurrent_episodes or raise the hard limit. "
+                + check
+            )
         raise InvalidRateError(
             f"{len(invalid)}/{len(episodes)} episodes ({rate:.1%}) failed for reasons other than the model, above "
             f"run.max_invalid_rate={max_invalid_rate:.1%}; most common: {errors}. {check} the tool servers "

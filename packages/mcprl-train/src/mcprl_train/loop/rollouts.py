@@ -3,7 +3,8 @@
 `Rollouts` owns the rollout sampler and the greedy evaluation sampler. Each sampling request of a step carries
 its own seed, derived from (``run.seed``, step, episode id, turn) (`collection_seed`, `mcprl_env.turn_seed`),
 so a step samples alike in a resumed and an uninterrupted run whatever order tool latency gives the requests;
-the rollout sampler is also rebuilt per step with a step-seeded generator for anything unseeded. The learning
+the rollout sampler is also rebuilt per step with a step-seeded generator for anything unseeded. Collection
+and validation run as many episodes at once as the sampler can serve (`episode_concurrency`). The learning
 side is `mcprl_train.loop.learner`; the trainer alternates the two.
 """
 
@@ -11,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import structlog
+
 from mcprl_env import Environment, Task, derive_seed
 from mcprl_policy import Policy, PolicySampler
 from mcprl_train import build, collectives
 from mcprl_train.config import Config
-from mcprl_train.loop.collection import Collection, collect_groups
+from mcprl_train.loop.collection import Collection, collect_groups, episode_concurrency
 from mcprl_train.loop.evaluation import evaluate_tasks
 from mcprl_train.loop.snapshot import SamplingSnapshot
 from mcprl_train.loop.state import sampler_seed
@@ -23,6 +26,8 @@ from mcprl_train.loop.update import UpdateBackend
 from mcprl_train.run.progress import RunProgress
 
 __all__ = ["Rollouts", "collection_seed"]
+
+logger = structlog.get_logger()
 
 
 def collection_seed(run_seed: int, step: int) -> int:
@@ -53,6 +58,14 @@ class Rollouts:
         self.progress = progress
         self.rank = collectives.rank()
         self.world = collectives.world_size()
+        self.concurrency = episode_concurrency(config.collection, config.sampler)
+        if self.concurrency < config.collection.max_concurrent_episodes:
+            logger.info(
+                "episode_concurrency_capped",
+                max_concurrent_episodes=config.collection.max_concurrent_episodes,
+                sampler_max_batch_size=config.sampler.max_batch_size,
+                episodes=self.concurrency,
+            )
         self.snapshot: SamplingSnapshot | None = None
         if config.collection.overlap:
             self.snapshot = SamplingSnapshot(backend.sampling_policy)
@@ -134,7 +147,7 @@ class Rollouts:
             collectives.shard(tasks, self.rank, self.world),
             self.sampler,
             group_size=cfg.grpo.group_size,
-            max_concurrent_episodes=cfg.collection.max_concurrent_episodes,
+            max_concurrent_episodes=self.concurrency,
             max_retries=cfg.run.rollout_retries,
             namespace=f"step-{step}" if round_ == 0 else f"step-{step}.{round_}",
             on_group=lambda _group: self.progress.advance(),
@@ -156,7 +169,7 @@ class Rollouts:
                 self.env,
                 tasks,
                 self.eval_sampler,
-                max_concurrent_episodes=self.config.collection.max_concurrent_episodes,
+                max_concurrent_episodes=self.concurrency,
                 namespace=namespace,
                 on_group=lambda _group: self.progress.advance(),
             )
