@@ -30,6 +30,7 @@ from mcprl_policy import (
 from mcprl_policy.attention import (
     VARLEN_SDPA,
     check_packable,
+    decode_sdpa,
     resolve_attn_implementation,
     varlen_sdpa_attention,
 )
@@ -106,6 +107,40 @@ def test_varlen_sdpa_without_boundaries_is_transformers_sdpa() -> None:
     ours, _ = varlen_sdpa_attention(heads, q, k, v, mask, scaling=0.25)
     theirs, _ = sdpa_attention_forward(heads, q, k, v, mask, scaling=0.25)
     assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_decode_step_attends_grouped_heads_without_copies_and_gives_transformers_sdpa_bits(
+    rows: int,
+) -> None:
+    """One query per row over a strided window of a cache, 3 query heads per KV head, left-padded rows: the
+    grouped kernel (`decode_sdpa`) equals transformers' ``sdpa`` with its per-group copies, bit for bit."""
+    g = torch.Generator().manual_seed(2)
+    cache_k, cache_v = (torch.randn(8, 2, 40, 16, generator=g) for _ in range(2))
+    k, v = cache_k[:rows, :, 5:30], cache_v[:rows, :, 5:30]  # the pool's window: not contiguous
+    q = torch.randn(rows, 6, 1, 16, generator=g)
+    mask = torch.ones(rows, 1, 1, 25, dtype=torch.bool)
+    mask[0, ..., :7] = False
+    heads = _Heads(3)
+    ours, _ = varlen_sdpa_attention(heads, q, k, v, mask, scaling=0.25)
+    theirs, _ = sdpa_attention_forward(heads, q, k, v, mask, scaling=0.25)
+    assert torch.equal(ours, theirs)
+    direct = decode_sdpa(q, k, v, mask, scale=0.25, groups=3)
+    assert direct is not None
+    assert torch.equal(direct.transpose(1, 2), theirs)
+
+
+def test_a_bf16_decode_step_attends_in_float32() -> None:
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, n, 8, generator=g).to(torch.bfloat16) for n in (1, 12, 12))
+    out = decode_sdpa(q, k[:, :2], v[:, :2], None, scale=None, groups=2)
+    assert out is not None
+    assert out.dtype == torch.bfloat16
+    wide = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k[:, :2].float(), v[:, :2].float(), enable_gqa=True
+    )
+    assert torch.equal(out, wide.to(torch.bfloat16))
+    assert decode_sdpa(q.expand(2, 4, 3, 8), k, v, None, scale=None, groups=1) is None  # not a decode step
 
 
 def test_varlen_sdpa_refuses_inconsistent_boundaries() -> None:

@@ -7,7 +7,9 @@ Packed training puts many sequences in one row. Attention must not cross from on
 - ``mcprl_varlen_sdpa`` (`VARLEN_SDPA`, registered here with transformers' ``AttentionInterface``): with
   those same keyword arguments it runs causal SDPA on each sequence's slice, O(Σ nᵢ²) instead of the O(N²)
   of SDPA with a block-diagonal mask; without them (padded rows, the sampler's KV-cached decode) it is
-  transformers' own ``sdpa`` path, mask and all, so everything else computes exactly what ``sdpa`` does.
+  transformers' own ``sdpa`` path, mask and all, so everything else computes exactly what ``sdpa`` does;
+  a decode step on the CPU (one query per row) runs `decode_sdpa`, the same bits without copying the cache per
+  head group.
 - ``sdpa`` / ``eager``: packed rows get transformers' block-diagonal mask (O(N²)), still exact.
 
 Models with linear-attention layers (Qwen3.5 / Qwen3-Next gated delta nets) carry a recurrent state along
@@ -36,6 +38,7 @@ __all__ = [
     "VARLEN_IMPLEMENTATIONS",
     "VARLEN_SDPA",
     "check_packable",
+    "decode_sdpa",
     "is_packable",
     "resolve_attn_implementation",
     "uses_varlen",
@@ -50,6 +53,49 @@ VARLEN_IMPLEMENTATIONS: Final = frozenset({"flash_attention_2", "flash_attention
 """Implementations whose packed forward takes ``cu_seq_lens`` instead of a block-diagonal mask."""
 
 LINEAR_ATTENTION_LAYER: Final = "linear_attention"
+
+
+def decode_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    scale: float | None,
+    groups: int,
+) -> torch.Tensor | None:
+    """One decode step's attention on the CPU: ``(B, H, 1, D)``; None elsewhere (the caller runs transformers'
+    SDPA as it is).
+
+    transformers copies the cache for grouped-query heads (``repeat_kv``) whenever there is a mask, because
+    CUDA's fused kernels take no mask with ``enable_gqa``. torch's CPU kernel does, and gives the same bits
+    without the copy: at 32 rows of 700 cached tokens, 3 KV heads for 9 query heads, one layer's attention takes
+    3.6 ms instead of 58 ms (``benchmarks/RESULTS.md``, "decode attention on the CPU"). Keys and values in
+    bfloat16 are widened to float32 first (exact): the CPU kernel at one query per row runs ~5x slower in
+    bfloat16 on these shapes; the output is rounded back.
+
+    Args:
+        query: ``(B, H, 1, D)``.
+        key: ``(B, H_kv, L, D)`` (a strided window of the cache is fine).
+        value: ``(B, H_kv, L, D)``.
+        mask: ``(B, 1, 1, L)`` boolean (True: attend) or None.
+        scale: softmax scale (None: ``D ** -0.5``).
+        groups: query heads per KV head.
+    """
+    if query.shape[2] != 1 or query.device.type != "cpu":
+        return None
+    widen = key.dtype == torch.bfloat16
+    out = F.scaled_dot_product_attention(
+        query.float() if widen else query,
+        key.float() if widen else key,
+        value.float() if widen else value,
+        attn_mask=mask,
+        dropout_p=0.0,
+        scale=scale,
+        is_causal=False,
+        enable_gqa=groups > 1,
+    )
+    return out.to(query.dtype)
 
 
 def varlen_sdpa_attention(
@@ -88,6 +134,12 @@ def varlen_sdpa_attention(
     """
     del max_length_q, max_length_k
     if cu_seq_lens_q is None and cu_seq_lens_k is None:
+        groups = int(getattr(module, "num_key_value_groups", 1))
+        fast = (
+            None if dropout else decode_sdpa(query, key, value, attention_mask, scale=scaling, groups=groups)
+        )
+        if fast is not None:
+            return fast.transpose(1, 2).contiguous(), None
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )

@@ -30,6 +30,7 @@ from torch import nn
 from transformers import Cache, LlamaForCausalLM, PreTrainedModel, Qwen2ForCausalLM, Qwen3ForCausalLM
 from transformers.integrations.sdpa_attention import repeat_kv, use_gqa_in_sdpa
 
+from mcprl_policy.attention import VARLEN_SDPA, decode_sdpa
 from mcprl_policy.batch_cache import POOL_ATTENTION, ResolvedLayout
 from mcprl_policy.config import DecodeForward
 from mcprl_policy.errors import SamplerError
@@ -146,6 +147,7 @@ class _Layer:
     head_dim: int
     groups: int
     scaling: float
+    varlen: bool  # the model attends with `VARLEN_SDPA`, whose decode step is `decode_sdpa` where it applies
 
 
 class LeanDecoder:
@@ -170,6 +172,7 @@ class LeanDecoder:
         self._norm = body.get_submodule("norm")
         self._lm_head = lm.get_submodule("lm_head")
         qk_norm = isinstance(lm, Qwen3ForCausalLM)
+        varlen = getattr(lm.config, "_attn_implementation", None) == VARLEN_SDPA
         self._layers: list[_Layer] = []
         for layer in body.get_submodule("layers").children():
             attn = layer.get_submodule("self_attn")
@@ -187,6 +190,7 @@ class LeanDecoder:
                     head_dim=int(_number(attn, "head_dim")),
                     groups=int(_number(attn, "num_key_value_groups")),
                     scaling=_number(attn, "scaling"),
+                    varlen=varlen,
                 )
             )
 
@@ -253,6 +257,13 @@ def _pool_attention(
 ) -> torch.Tensor:
     """The pool write and ``sdpa_attention_forward`` at q_len 1: ``(B, 1, heads, head_dim)``."""
     key, value = cache.update(key, value)
+    fast = (
+        decode_sdpa(query, key, value, mask, scale=layer.scaling, groups=layer.groups)
+        if layer.varlen
+        else None
+    )
+    if fast is not None:
+        return fast.transpose(1, 2).contiguous()
     gqa = False
     if layer.groups > 1:
         gqa = use_gqa_in_sdpa(mask, key, value)
