@@ -44,9 +44,11 @@ from pathlib import Path
 import anyio
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers.integrations.sdpa_attention import repeat_kv
 
 from mcprl_env.loaders import iter_tasks
 from mcprl_policy import HFSampler, Policy, SamplingParams, fetch_pinned_model
+from mcprl_policy.attention import decode_sdpa
 from mcprl_servers.config import default_servers_config
 from mcprl_tools import ServersConfig, ToolManager
 from mcprl_train.build import task_path
@@ -76,6 +78,41 @@ def _thread_seconds(fn: object) -> float:
     return time.thread_time() - start
 
 
+def decode_attention_ms(rows: int, length: int, config: object) -> tuple[float, float]:
+    """One layer's decode attention at ``rows`` x ``length`` cached tokens, in the model's head layout: transformers'
+    ``sdpa`` path (``repeat_kv`` copies for grouped heads, then SDPA with the mask) and `decode_sdpa` (the
+    grouped kernel), ms of one core's CPU time, best of 5."""
+    heads = int(config.num_attention_heads)  # type: ignore[attr-defined]
+    kv_heads = int(config.num_key_value_heads)  # type: ignore[attr-defined]
+    dim = int(config.hidden_size) // heads  # type: ignore[attr-defined]
+    pool_k = torch.randn(rows, kv_heads, length + 64, dim)
+    pool_v = torch.randn_like(pool_k)
+    key, value = pool_k[:, :, 32 : 32 + length], pool_v[:, :, 32 : 32 + length]
+    query = torch.randn(rows, heads, 1, dim)
+    mask = torch.ones(rows, 1, 1, length, dtype=torch.bool)
+    mask[0, ..., : length // 3] = False
+    groups = heads // kv_heads
+
+    def theirs() -> object:
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, repeat_kv(key, groups), repeat_kv(value, groups), attn_mask=mask
+        )
+
+    def ours() -> object:
+        return decode_sdpa(query, key, value, mask, scale=None, groups=groups)
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times = {f: float("inf") for f in (theirs, ours)}
+        for _ in range(5):
+            for f in (theirs, ours):
+                times[f] = min(times[f], _thread_seconds(lambda f=f: [f() for _ in range(5)]) / 5)
+    finally:
+        torch.set_num_threads(saved)
+    return times[theirs] * 1e3, times[ours] * 1e3
+
+
 def matmul_params(model: torch.nn.Module) -> int:
     """Weights that take part in a matmul per token: every Linear, the output head included."""
     return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
@@ -83,7 +120,8 @@ def matmul_params(model: torch.nn.Module) -> int:
 
 async def render_prompts(config: Config, tokenizer: PreTrainedTokenizerBase, rows: int) -> list[list[int]]:
     """The first turn of ``rows`` held-out tasks, each with its servers' tool schemas, as the run renders it."""
-    tasks = list(itertools.islice(iter_tasks(task_path(config.tasks.validation, name="validation")), rows))
+    spec = config.tasks.validation or config.tasks.train
+    tasks = list(itertools.islice(iter_tasks(task_path(spec, name="validation")), rows))
     servers = ServersConfig.from_dict(
         default_servers_config(list(config.tools.source.names)),  # type: ignore[union-attr]
         source="bench_real_model",
@@ -94,7 +132,7 @@ async def render_prompts(config: Config, tokenizer: PreTrainedTokenizerBase, row
             schemas = manager.tool_schemas(list(task.servers) if task.servers is not None else None)
             ids = tokenizer.apply_chat_template(
                 task.initial_messages(),
-                tools=schemas,
+                tools=list(schemas),  # pyright: ignore[reportArgumentType]
                 tokenize=True,
                 add_generation_prompt=True,
                 return_dict=False,
@@ -128,7 +166,9 @@ def generate_side(
     up to each row's end of turn."""
     tokenizer.padding_side = "left"
     batch = tokenizer.pad({"input_ids": prompts}, return_tensors="pt")
-    eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert isinstance(eos_id, int)
+    eos = eos_id
     start = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(  # type: ignore[operator]
@@ -230,7 +270,9 @@ def main() -> None:
     peak = bf16_peak_gflops(threads)
     n_matmul = matmul_params(policy.model)
     decode_bound = 2 * n_matmul * (prompt_tokens + generated) / (peak * 1e9)
-    print(f"bf16 matmul peak: {peak:.0f} GFLOP/s ({threads} threads); matmul parameters {n_matmul / 1e6:.1f} M")
+    print(
+        f"bf16 matmul peak: {peak:.0f} GFLOP/s ({threads} threads); matmul parameters {n_matmul / 1e6:.1f} M"
+    )
     print(
         f"sampler: {generated} tokens in {ours:.2f} s; FLOP bound (prefill + decode) {decode_bound:.2f} s "
         f"({ours / decode_bound:.0f}x)"
@@ -248,6 +290,13 @@ def main() -> None:
         f"({learn / update_bound:.0f}x)"
     )
     print(f"real_update_tok_s: {trained / learn:.1f}")
+    length = round(trained / len(sequences))
+    theirs_ms, ours_ms = decode_attention_ms(len(prompts), length, policy.model.config)
+    print(
+        f"decode attention, one layer, {len(prompts)} rows x {length} cached tokens: transformers' sdpa "
+        f"(repeat_kv) {theirs_ms:.2f} ms, decode_sdpa {ours_ms:.2f} ms"
+    )
+    print(f"decode_attention_speedup: {theirs_ms / ours_ms:.2f}")
     if args.grpo_steps > 0:
         steps = grpo_steps(model_dir, args.grpo_steps)
         print(f"GRPO steps: {', '.join(f'{s:.1f}' for s in steps)} s")
