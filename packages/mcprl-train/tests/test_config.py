@@ -17,7 +17,7 @@ from mcprl_train.errors import ConfigError
 
 
 def test_every_shipped_profile_loads_and_round_trips() -> None:
-    assert set(list_profiles()) >= {"cpu", "single-gpu-lora", "vllm-gpu", "a100x2", "mps"}
+    assert set(list_profiles()) >= {"cpu", "cpu-smollm2", "single-gpu-lora", "vllm-gpu", "a100x2", "mps"}
     for name in list_profiles():
         cfg = Config.load(profile=name)
         assert cfg.profile == name
