@@ -11,6 +11,7 @@ import torch
 
 from mcprl_policy import Completion, HFSampler, Policy, PolicySampler, SamplerError, SamplingParams
 from mcprl_policy.decode import DecodeRequest
+from mcprl_policy.prefix_blocks import BLOCK_TOKENS, common_length
 
 
 @pytest.fixture(scope="module")
@@ -327,3 +328,98 @@ def test_sampler_runs_on_cuda_reproducibly_with_the_learners_logprobs(
         torch.testing.assert_close(
             logprobs[len(prompt) :].cpu(), torch.tensor(completion.logprobs), atol=2e-3, rtol=0.0
         )
+
+
+_SYSTEM = (
+    "You are an agent that answers with tools. Tools: "
+    + '{"name": "quote", "description": "The price of a stock", "parameters": {"symbol": "string"}} ' * 3
+)
+
+
+def _task_prompts(policy: Policy, n: int) -> list[list[int]]:
+    """First turns of different tasks on the same tools: one long system prompt, then each task's question."""
+    return [
+        policy.tokenizer.apply_chat_template(
+            [
+                {"role": "system", "content": _SYSTEM},
+                {"role": "user", "content": f"Price of stock {i}?" * (1 + i)},
+            ],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for i in range(n)
+    ]
+
+
+def _sample_one(sampler: HFSampler, prompt: list[int], seed: int) -> Completion:
+    return anyio.run(lambda: sampler.sample(prompt, max_new_tokens=12, seed=seed))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_different_prompt_sharing_a_long_prefix_prefills_only_its_own_tail(
+    policy: Policy, temperature: float
+) -> None:
+    first, second = _task_prompts(policy, 2)
+    shared = common_length(first, second)
+    assert shared >= 2 * BLOCK_TOKENS
+    params = SamplingParams(temperature=temperature, seed=3)
+    sampler = HFSampler(policy, params, prefix_cache_mb=64)
+    _sample_one(sampler, first, 1)
+    before = sampler.engine.stats.prefill_tokens
+    completion = _sample_one(sampler, second, 2)
+    stats = sampler.engine.stats
+    assert stats.prefill_tokens - before == len(second) - shared
+    assert sampler.metrics()["sampler/prefix_hits"] == 1
+    assert sampler.metrics()["sampler/prefix_reused_tokens"] == shared
+    cold = _sample_one(HFSampler(policy, params), second, 2)
+    assert completion.token_ids == cold.token_ids
+    torch.testing.assert_close(
+        torch.tensor(completion.logprobs), torch.tensor(cold.logprobs), atol=1e-4, rtol=0.0
+    )
+    with torch.no_grad():
+        out = policy.forward_packed([second + completion.token_ids], temperature=1.0)
+    torch.testing.assert_close(
+        out.split("logprobs")[0][len(second) :], torch.tensor(completion.logprobs), atol=1e-4, rtol=0.0
+    )
+
+
+def test_prompts_admitted_together_prefill_their_shared_prefix_once_and_keep_it(policy: Policy) -> None:
+    prompts = _task_prompts(policy, 5)
+    shared = min(common_length(prompts[0], p) for p in prompts[1:4])
+    params = SamplingParams(temperature=0.0)
+    sampler = HFSampler(policy, params, max_batch_size=4, max_wait_ms=1_000, prefix_cache_mb=64)
+    together = anyio.run(_sample_all, sampler, prompts[:4], [10] * 4)
+    stats = sampler.engine.stats
+    assert stats.max_rows == 4
+    assert stats.prefill_tokens == shared + sum(len(p) - shared for p in prompts[:4])
+    assert stats.shared_tokens == 3 * shared
+    assert stats.prefix_hits == 0
+    alone = [anyio.run(_sample_all, HFSampler(policy, params), [p], [10])[0] for p in prompts[:4]]
+    for a, b in zip(together, alone, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0.0)
+    later = anyio.run(_sample_all, sampler, [prompts[4]], [10])[0]  # the shared prefix was cached
+    assert stats.prefix_hits == 1
+    assert stats.prefix_tokens >= shared
+    assert (
+        later.token_ids == anyio.run(_sample_all, HFSampler(policy, params), [prompts[4]], [10])[0].token_ids
+    )
+
+
+def test_a_shared_prefix_is_not_reused_after_the_weights_change(tiny_dir: Path) -> None:
+    policy = Policy.from_pretrained(str(tiny_dir))
+    first, second = _task_prompts(policy, 2)
+    sampler = HFSampler(policy, SamplingParams(temperature=0.0), prefix_cache_mb=64)
+    _sample_one(sampler, first, 1)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-2)
+    policy.model(torch.tensor([first])).logits.sum().backward()
+    optimizer.step()
+    before = sampler.engine.stats.prefill_tokens
+    completion = _sample_one(sampler, second, 2)
+    assert sampler.engine.stats.prefix_hits == 0
+    assert sampler.engine.stats.prefill_tokens - before == len(second)
+    assert (
+        completion.token_ids
+        == _sample_one(HFSampler(policy, SamplingParams(temperature=0.0)), second, 2).token_ids
+    )

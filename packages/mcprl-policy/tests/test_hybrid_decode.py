@@ -28,6 +28,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 from mcprl_policy import Completion, HFSampler, Policy, SamplerError, SamplingParams, policy_forward
 from mcprl_policy.cache_rows import AttentionRow, RecurrentRow
 from mcprl_policy.decode import DecodeEngine, DecodeRequest
+from mcprl_policy.prefix_blocks import BLOCK_TOKENS, common_length
 from mcprl_policy.standin import standin_model
 
 
@@ -330,3 +331,27 @@ def test_hybrid_sampler_on_cuda_equals_generate_and_the_learners_logprobs(hybrid
         torch.testing.assert_close(
             logprobs[len(request.prompt_ids) :].cpu(), torch.tensor(request.logprobs), atol=2e-3, rtol=0.0
         )
+
+
+def test_prompts_sharing_only_a_prefix_never_resume_a_recurrent_state(policy: Policy) -> None:
+    system = "You are an agent that answers with tools. " * 12
+    prompts = [
+        policy.tokenizer.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": f"Price of stock {i}?"}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for i in range(4)
+    ]
+    assert common_length(prompts[0], prompts[1]) >= 2 * BLOCK_TOKENS
+    engine = _engine(policy, max_batch_size=4, prefix_cache_bytes=2**26)
+    requests = [DecodeRequest(prompt_ids=p, max_new_tokens=5) for p in prompts]
+    _run(engine, requests[:1], join_after=1)
+    _run(engine, requests[1:], join_after=1)  # the first finished; the last two are admitted together
+    assert engine.stats.prefix_hits == 0
+    assert engine.stats.shared_tokens == 0
+    assert engine.stats.prefill_tokens == sum(len(p) for p in prompts)
+    stop = _stop(policy)
+    for request in requests:
+        assert request.token_ids == _generate_alone(_hybrid(policy), request.prompt_ids, 5, stop)

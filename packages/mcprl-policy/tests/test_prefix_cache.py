@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from mcprl_policy.cache_rows import AttentionRow, RecurrentRow
 from mcprl_policy.fingerprint import weights_fingerprint
+from mcprl_policy.prefix_blocks import common_length
 from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache
 
 
@@ -103,3 +104,68 @@ def test_lookup_agrees_with_a_linear_scan(stored: list[list[int]], prompt: list[
 def test_an_entrys_size_counts_attention_and_recurrent_layers() -> None:
     entry = _kv(5, layers=2)
     assert entry.nbytes == 4 * (2 * 2 * (2 * 5 * 4) + 6 * 4 + 2 * 3 * 3)  # float32: 2 layers x (keys, values)
+
+
+def _attention(n: int, layers: int = 2) -> CachedPrefix:
+    """Attention layers only (a full-attention model), position ``j``'s keys all ``j``."""
+    t = torch.arange(n, dtype=torch.float32).reshape(1, n, 1).expand(2, n, 4).clone()
+    return CachedPrefix(layers=tuple(AttentionRow(keys=t, values=t + 0.5) for _ in range(layers)), length=n)
+
+
+def test_a_partial_lookup_cuts_the_entry_to_the_shared_prefix() -> None:
+    cache = PrefixCache(max_bytes=10**6, partial=True, block_tokens=4)
+    system = list(range(10))
+    cache.put([*system, 50, 51, 52], _attention(13))
+    hit = cache.lookup([*system, 60, 61])
+    assert hit is not None
+    assert hit.length == 10  # past the 2 whole blocks, up to where the ids differ
+    for layer in hit.layers:
+        assert isinstance(layer, AttentionRow)
+        torch.testing.assert_close(layer.keys, _attention(13).layers[0].keys[:, :10])  # type: ignore[union-attr]
+    assert cache.lookup([*system[:3], 60, 61]) is None  # less than a block shared
+    assert cache.lookup([*system, 50, 51, 52, 53]).length == 13  # type: ignore[union-attr]
+    assert cache.lookup(system).length == 9  # type: ignore[union-attr]  # a token is left to feed
+    assert PrefixCache(max_bytes=10**6, block_tokens=4).lookup([*system, 60]) is None  # not partial
+
+
+def test_a_recurrent_state_is_never_cut_back() -> None:
+    with pytest.raises(ValueError, match="recurrent"):
+        _kv(6).truncated(4)
+    with pytest.raises(ValueError, match="cannot cut"):
+        _attention(6).truncated(7)
+    entry = _attention(6)
+    assert entry.truncated(6) is entry
+
+
+def test_evicted_and_invalidated_entries_leave_the_block_index() -> None:
+    size = _attention(8).nbytes
+    cache = PrefixCache(max_bytes=2 * size, partial=True, block_tokens=4)
+    cache.put([0] * 8, _attention(8))
+    cache.put([1] * 8, _attention(8))
+    cache.put([2] * 8, _attention(8))  # evicts [0] * 8
+    assert cache.lookup([0] * 6) is None
+    assert cache.lookup([1] * 6).length == 5  # type: ignore[union-attr]
+    cache.put([3] * 8, _attention(8))  # evicts [2] * 8: [1] * 8 was used last
+    assert cache.lookup([2] * 6) is None
+    assert cache.lookup([1] * 6) is not None
+    cache.validate(weights_fingerprint(torch.nn.Linear(2, 2)))
+    assert cache.lookup([1] * 6) is None
+    assert cache.lookup([3] * 6) is None
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=9), max_size=10),
+    st.lists(st.integers(0, 2), max_size=10),
+)
+def test_a_partial_lookup_agrees_with_a_linear_scan(stored: list[list[int]], prompt: list[int]) -> None:
+    cache = PrefixCache(max_bytes=10**9, partial=True, block_tokens=2)
+    for ids in stored:
+        cache.put(ids, _attention(len(ids)))
+    best = 0
+    for key in {tuple(ids) for ids in stored}:
+        shared = min(common_length(key, prompt), len(prompt) - 1)
+        whole = shared == len(key)
+        if shared >= 2 or (whole and shared > 0):
+            best = max(best, shared)
+    hit = cache.lookup(prompt)
+    assert (hit.length if hit is not None else 0) == best

@@ -8,8 +8,12 @@ waiting requests between steps (their prompts are prefilled as one batch and the
 the running cache, aligned on their last token), drops finished or cancelled rows, and returns as soon as at least one request has
 finished, so the async side can hand results out while generation of the others continues. With a prefix
 cache (`mcprl_policy.prefix_cache`), a prompt that extends an earlier request's prompt and completion (the
-next turn of an episode) prefills only its new tokens. Requests admitted together with identical prompts (the G
-episodes of a group) are prefilled once and each gets its own copy of the result (`mcprl_policy.shared_prefill`).
+next turn of an episode) prefills only its new tokens; when every layer is full attention, so does a prompt that
+shares only a prefix with an earlier one (the system prompt and tool schemas of another task on the same
+servers). Requests admitted together with identical prompts (the G
+episodes of a group) are prefilled once and each gets its own copy of the result (`mcprl_policy.shared_prefill`);
+with full attention, a long prefix that distinct prompts admitted together share is prefilled once
+(`mcprl_policy.shared_prefix`).
 Full-attention and linear-attention (Qwen3.5) layers are batched row by row (`mcprl_policy.cache_rows`); other
 cache layers are refused when the engine is built.
 """
@@ -44,6 +48,7 @@ from mcprl_policy.lean_decode import LeanDecoder, resolve_decode_forward
 from mcprl_policy.prefill_batch import after_prefixes, prompt_token_mask, whole_prompts
 from mcprl_policy.prefix_cache import CachedPrefix, PrefixCache
 from mcprl_policy.shared_prefill import Prefilled, SharedPrompts, fan_out
+from mcprl_policy.shared_prefix import group_by_shared_prefix, prefill_prefixes
 from mcprl_policy.token_choice import TokenChooser
 
 __all__ = ["DecodeEngine", "DecodeRequest", "DecodeStats"]
@@ -91,8 +96,10 @@ class DecodeStats:
     decode step's forward (``lean`` or ``model``; not compared: both compute the same bits and counts).
 
     Every admitted prompt token is counted once: prefilled (``prefill_tokens``), resumed from the prefix cache
-    (``prefix_tokens``), or copied from an identical prompt admitted with it (``shared_tokens``, over
-    ``shared_rows`` requests that were not prefilled themselves).
+    (``prefix_tokens``, whole entries or, with full attention, the part of an entry a prompt shares), or copied
+    from an identical prompt admitted with it (``shared_tokens``, over ``shared_rows`` requests that were not
+    prefilled themselves) or from the prefix it shares with prompts admitted with it (``shared_tokens``: the
+    prefix is prefilled once, counted in ``prefill_tokens``).
     """
 
     kv_layout: str = ""
@@ -157,7 +164,7 @@ class DecodeEngine:
         self._recurrent = has_recurrent_layers(model)
         self.kv_layout: ResolvedLayout = resolve_layout(kv_layout, model)
         self.vocab_limit = vocab_limit
-        self.prefix = PrefixCache(prefix_cache_bytes)
+        self.prefix = PrefixCache(prefix_cache_bytes, partial=not self._recurrent)
         self.params = params
         self.stop_token_ids = stop_token_ids
         self.pad_token_id = pad_token_id
@@ -263,11 +270,39 @@ class DecodeEngine:
                 fresh.append(request)
             else:
                 cached.append((request, hit))
+        seeded: list[tuple[DecodeRequest, CachedPrefix]] = []
+        seeded_tokens = 0
+        if not self._recurrent and len(fresh) > 1:
+            fresh, seeded, seeded_tokens = self._prefill_shared_prefixes(fresh, device)
         if fresh:
             self._merge(self._prefill(fresh, shared, device))
+        if seeded:
+            self._merge(self._prefill_cached(seeded, shared, device, seeded_tokens=seeded_tokens))
         for group in self._cached_groups(cached):
             self._merge(self._prefill_cached(group, shared, device))
         return self._finish_rows()
+
+    def _prefill_shared_prefixes(
+        self, fresh: list[DecodeRequest], device: torch.device
+    ) -> tuple[list[DecodeRequest], list[tuple[DecodeRequest, CachedPrefix]], int]:
+        """Prefill once each prefix that prompts of ``fresh`` share (`mcprl_policy.shared_prefix`) and keep it in
+        the prefix cache; the prompts still to prefill whole, those resuming a shared prefix, its tokens."""
+        groups = group_by_shared_prefix(fresh, block=self.prefix.block_tokens)
+        if not groups:
+            return fresh, [], 0
+        states = prefill_prefixes(
+            self._forward, self.model, list(groups), pad_token_id=self.pad_token_id, device=device
+        )
+        seeded: list[tuple[DecodeRequest, CachedPrefix]] = []
+        for (ids, members), state in zip(groups.items(), states, strict=True):
+            self.prefix.put(ids, state)
+            seeded += [(request, state) for request in members]
+        tokens = sum(len(ids) for ids in groups)
+        self.stats.prefill_calls += 1
+        self.stats.prefill_rows += len(groups)
+        self.stats.prefill_tokens += tokens
+        taken = {id(r) for r, _ in seeded}
+        return [r for r in fresh if id(r) not in taken], seeded, tokens
 
     def _cached_groups(
         self, hits: list[tuple[DecodeRequest, CachedPrefix]]
@@ -295,9 +330,18 @@ class DecodeEngine:
         )
 
     def _prefill_cached(
-        self, hits: list[tuple[DecodeRequest, CachedPrefix]], shared: SharedPrompts, device: torch.device
+        self,
+        hits: list[tuple[DecodeRequest, CachedPrefix]],
+        shared: SharedPrompts,
+        device: torch.device,
+        *,
+        seeded_tokens: int | None = None,
     ) -> _State:
-        """Prefill only what follows each row's cached prefix (`mcprl_policy.prefill_batch.after_prefixes`)."""
+        """Prefill only what follows each row's cached prefix (`mcprl_policy.prefill_batch.after_prefixes`).
+
+        The prefixes are prefix-cache hits, or (``seeded_tokens``: how many tokens their prefill took) prefixes
+        shared by prompts of this admission.
+        """
         rows = [r for r, _ in hits]
         prompts = [r.prompt_ids for r in rows]
         prefixes = [p.length for _, p in hits]
@@ -311,8 +355,12 @@ class DecodeEngine:
         )
         tails = [len(p) - n for p, n in zip(prompts, prefixes, strict=True)]
         state = self._started(rows, tails, shared, self._prefilled(prompts, out, batch.mask))
-        self.stats.prefix_hits += len(state.leaders)
-        self.stats.prefix_tokens += sum(prefixes[i] for i in state.leaders)
+        resumed = sum(prefixes[i] for i in state.leaders)
+        if seeded_tokens is None:
+            self.stats.prefix_hits += len(state.leaders)
+            self.stats.prefix_tokens += resumed
+        else:
+            self.stats.shared_tokens += resumed - seeded_tokens
         return state
 
     def _prefilled(self, prompts: list[list[int]], out: Any, mask: torch.Tensor) -> Prefilled:
