@@ -21,8 +21,9 @@ _TIMING = ("time", "time/", "perf/", "wall_s", "elapsed_s")
 
 
 def is_timing(key: str) -> bool:
-    """A clock reading (``time/*``, ``perf/*``, ``*_s``, ``*_ms``): the one thing two equal runs may differ in."""
-    return key.startswith(_TIMING) or key.endswith(("_s", "_ms"))
+    """A clock reading (``time/*``, ``perf/*``, ``*_s``, ``*_ms``, ``*_s_mean``): the one thing two equal runs may
+    differ in."""
+    return key.startswith(_TIMING) or key.endswith(("_s", "_ms", "_s_mean"))
 
 
 def run_differences(a: Path, b: Path, *, exact: bool = True) -> list[str]:

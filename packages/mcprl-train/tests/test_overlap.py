@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import pytest
 import torch
+from run_compare import is_timing
 from train_testkit import demo_tasks, tiny_demo_run
 
 from mcprl_policy import Policy
@@ -293,15 +294,15 @@ def stop_after_checkpoint(step: int) -> Any:
 
 
 def untimed(record: dict[str, Any]) -> dict[str, Any]:
-    timing = ("run", "time", "time/", "perf/", "wall_s")
-    return {k: v for k, v in record.items() if not (k.startswith(timing) or k.endswith("_ms"))}
+    """The record without its clock readings (`run_compare.is_timing`) and its run's name."""
+    return {k: v for k, v in record.items() if not (k.startswith("run") or is_timing(k))}
 
 
 def episodes_after(run: Path, step: int) -> dict[tuple[int, str], dict[str, Any]]:
     return {
         (r["step"], r["episode_id"]): {
             **{k: v for k, v in r.items() if k != "run"},
-            "metrics": {k: v for k, v in r["metrics"].items() if k != "wall_s"},
+            "metrics": untimed(r["metrics"]),
         }
         for r in RunDir.open(run).read_trajectories().records
         if r["step"] > step

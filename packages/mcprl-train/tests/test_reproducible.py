@@ -37,11 +37,12 @@ from mcprl_train.run.run_dir import RunDir
 pytestmark = pytest.mark.slow
 
 TIMING = ("run", "time", "time/", "perf/", "wall_s")
-"""Metric keys that are clock readings (prefixes; and any key ending in ``_ms``, e.g. the tools' queue waits)."""
+"""Metric keys that are clock readings (prefixes; and any key ending in ``_ms``, ``_s`` or ``_s_mean``, e.g. the
+tools' queue waits and an episode's own and queued seconds)."""
 
 
 def is_timing(key: str) -> bool:
-    return key.startswith(TIMING) or key.endswith("_ms")
+    return key.startswith(TIMING) or key.endswith(("_ms", "_s", "_s_mean"))
 
 
 def overrides(tmp_path: Path, name: str, tasks: Path) -> list[str]:
@@ -73,7 +74,7 @@ def step_metrics(run: Path) -> dict[int, dict[str, Any]]:
 
 
 def without_timing(episode: dict[str, Any]) -> dict[str, Any]:
-    metrics = {k: v for k, v in episode["metrics"].items() if k != "wall_s"}
+    metrics = {k: v for k, v in episode["metrics"].items() if not is_timing(k)}
     return {**episode, "metrics": metrics}
 
 
