@@ -9,7 +9,7 @@ import os
 import random
 import subprocess
 import sys
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Generator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -165,7 +165,7 @@ def wandb_offline_env(service: str | None = None) -> dict[str, str]:
 
 
 @contextmanager
-def shared_wandb_service() -> Iterator[str]:
+def shared_wandb_service() -> Generator[str]:
     """A detached wandb-core service, as a user starts one for worker processes (``wandb beta core start``):
     it outlives the runs that connect to it, so a run killed while connected leaves its stream behind there.
     Yields its ``WANDB_SERVICE`` address; stopped on exit."""
