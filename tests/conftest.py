@@ -4,6 +4,7 @@ synthetic episodes the GPU tests (gpu/) feed the learner."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -16,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parents[1] / "packages" / "mcprl-train" / "tests"))
 
 from e2e_testkit import StandinModel
+
+from mcprl_policy import ModelLoadError, fetch_pinned_model
 
 SaveStandin = Callable[[str, str, Path], Path]
 """``(release, chat template text, empty directory) -> model directory``."""
@@ -92,3 +95,15 @@ def llama_standin_model(chat_templates_dir: Path, tmp_path_factory: pytest.TempP
         return save_llama_standin_model(directory, tokenizer, release=releases[release])
 
     return _built_once(save, chat_templates_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The converted directory of ``smollm2-135m`` in the machine's model cache (fetched on first use); skips with
+    the reason where it cannot be fetched."""
+    if os.environ.get("MCPRL_NO_PRETRAINED"):
+        pytest.skip("smollm2-135m unavailable: MCPRL_NO_PRETRAINED is set")
+    try:
+        return fetch_pinned_model("smollm2-135m")
+    except ModelLoadError as exc:
+        pytest.skip(f"smollm2-135m unavailable: {exc}")

@@ -4,28 +4,16 @@ the bundled stdio servers, and trained for a GRPO step, by the real ``mcprl-trai
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from e2e_testkit import read_jsonl, run_cli
 
-from mcprl_policy import ModelLoadError, fetch_pinned_model
 from mcprl_train.config import Config
 
 pytestmark = pytest.mark.slow
 
 UNSEEN = ("report_ratio", "quote_by_name", "news_fact", "channel_topic", "user_lookup", "who_posted", "relay")
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    if os.environ.get("MCPRL_NO_PRETRAINED"):
-        pytest.skip("smollm2-135m unavailable: MCPRL_NO_PRETRAINED is set")
-    try:
-        return fetch_pinned_model("smollm2-135m")
-    except ModelLoadError as exc:
-        pytest.skip(f"smollm2-135m unavailable: {exc}")
 
 
 def test_the_profile_warm_starts_on_four_families_and_trains_on_all_eleven_in_bf16() -> None:
@@ -38,7 +26,7 @@ def test_the_profile_warm_starts_on_four_families_and_trains_on_all_eleven_in_bf
 
 @pytest.mark.timeout(1500)
 def test_a_shrunk_profile_run_trains_the_real_model_over_the_real_servers(
-    smollm2: Path, tmp_path: Path
+    smollm2_dir: Path, tmp_path: Path
 ) -> None:
     done = run_cli(
         "--profile",

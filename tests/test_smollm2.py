@@ -12,7 +12,6 @@ cannot be.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,7 +22,6 @@ from transformers import AutoTokenizer
 
 from mcprl_env import EnvConfig, Environment, Episode, ToolCall, get_parser, task_from_dict
 from mcprl_env.testing import ScriptedSampler
-from mcprl_policy import ModelLoadError, fetch_pinned_model
 from mcprl_tools import ToolManager
 from mcprl_train.commands.plan import ModelShape, load_model_shape
 from mcprl_train.config import Config
@@ -37,16 +35,6 @@ def hermes(name: str, **arguments: Any) -> str:
 
 
 SCRIPT = [hermes("multiply", a=3, b=4.5), hermes("divide", a=27, b=2), "<answer>13.5</answer>"]
-
-
-@pytest.fixture(scope="module")
-def smollm2_dir() -> Path:
-    if os.environ.get("MCPRL_NO_PRETRAINED"):
-        pytest.skip("smollm2-135m unavailable: MCPRL_NO_PRETRAINED is set")
-    try:
-        return fetch_pinned_model("smollm2-135m")
-    except ModelLoadError as exc:
-        pytest.skip(f"smollm2-135m unavailable: {exc}")
 
 
 @pytest.fixture(scope="module")
