@@ -17,11 +17,13 @@ from mcprl_policy.supervised import SupervisedLayout, target_logprobs, target_to
 LENGTHS = (7, 31, 2, 18, 12)
 
 
-def _batch(policy: Policy, seed: int = 0) -> tuple[list[list[int]], list[list[bool]]]:
+def _batch(policy: Policy, seed: int = 0, *, shared: int = 0) -> tuple[list[list[int]], list[list[bool]]]:
+    """Random sequences of `LENGTHS` (after a common prefix of ``shared`` tokens) and random target masks."""
     config: Any = policy.model.config
     g = torch.Generator().manual_seed(seed)
-    seqs = [torch.randint(10, int(config.vocab_size), (n,), generator=g).tolist() for n in LENGTHS]
-    masks = [[i > 0 and bool(torch.rand((), generator=g) < 0.4) for i in range(n)] for n in LENGTHS]
+    prefix = torch.randint(10, int(config.vocab_size), (shared,), generator=g).tolist()
+    seqs = [prefix + torch.randint(10, int(config.vocab_size), (n,), generator=g).tolist() for n in LENGTHS]
+    masks = [[i > 0 and bool(torch.rand((), generator=g) < 0.4) for i in range(len(q))] for q in seqs]
     masks[1][-1] = True  # at least one target
     return seqs, masks
 
@@ -38,13 +40,14 @@ def _grads(policy: Policy, loss: torch.Tensor) -> list[torch.Tensor]:
     return list(torch.autograd.grad(loss, params))
 
 
-@pytest.mark.parametrize("layout", ["packed", "padded"])
+@pytest.mark.parametrize("shared", [0, 12])
+@pytest.mark.parametrize("layout", ["packed", "padded", "prefix_grouped"])
 @pytest.mark.parametrize("chunk_size", [1024, 3])
 def test_target_logprobs_and_their_gradient_equal_the_rl_forwards_at_the_targets(
-    layout: SupervisedLayout, chunk_size: int
+    layout: SupervisedLayout, chunk_size: int, shared: int
 ) -> None:
     policy = Policy.from_pretrained("tiny")
-    seqs, masks = _batch(policy)
+    seqs, masks = _batch(policy, shared=shared)
     expected = _reference_logprobs(policy, seqs, masks)
     expected_grads = _grads(policy, -expected.sum())
     policy.logits_chunk_size = chunk_size
@@ -54,6 +57,23 @@ def test_target_logprobs_and_their_gradient_equal_the_rl_forwards_at_the_targets
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
     for g, e in zip(_grads(policy, -got.sum()), expected_grads, strict=True):
         torch.testing.assert_close(g, e, atol=2e-5, rtol=1e-4)
+
+
+def test_the_prefix_grouped_layout_runs_a_shared_prefix_once() -> None:
+    policy = Policy.from_pretrained("tiny")
+    seqs, masks = _batch(policy, shared=12)
+    _, head = backbone_and_head(policy.model)
+
+    def backbone_flops(layout: SupervisedLayout) -> int:
+        with FlopCounterMode(display=False) as counter:
+            target_logprobs(policy, seqs, masks, layout=layout)
+        return int(counter.get_total_flops()) - int(
+            sum(counter.get_flop_counts().get(type(head).__name__, {}).values())
+        )
+
+    # The 12 shared tokens of 5 sequences: 4 of the 5 copies are not run (about 48 of 130 tokens).
+    ratio = backbone_flops("prefix_grouped") / backbone_flops("packed")
+    assert ratio < 1 - 0.8 * 48 / 130
 
 
 def _head_flops(policy: Policy, run: Callable[[], torch.Tensor]) -> int:

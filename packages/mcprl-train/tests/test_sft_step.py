@@ -15,13 +15,18 @@ from mcprl_train.loop.warm_start import SFTExample, SFTStage, sft_layout
 LENGTHS = (9, 23, 4, 17, 30, 12)
 
 
-def _examples(policy: Policy) -> list[SFTExample]:
+def _examples(policy: Policy, *, shared: int = 0) -> list[SFTExample]:
+    """Random demonstrations of `LENGTHS` tokens after ``shared`` tokens they all start with (a system prompt)."""
     config: Any = policy.model.config
     g = torch.Generator().manual_seed(0)
+    prefix = [int(t) for t in torch.randint(10, int(config.vocab_size), (shared,), generator=g)]
     out: list[SFTExample] = []
-    for n in LENGTHS:
-        ids: list[int] = [int(t) for t in torch.randint(10, int(config.vocab_size), (n,), generator=g)]
-        start = int(torch.randint(1, n - 1, (), generator=g))
+    for k in LENGTHS:
+        n = shared + k
+        ids: list[int] = prefix + [
+            int(t) for t in torch.randint(10, int(config.vocab_size), (k,), generator=g)
+        ]
+        start = int(torch.randint(shared + 1, n - 1, (), generator=g))
         out.append(SFTExample(token_ids=ids, assistant_mask=[int(i >= start) for i in range(n)]))
     return out
 
@@ -39,18 +44,20 @@ def _reference(policy: Policy, examples: list[SFTExample]) -> tuple[float, float
     return float(loss), acc, list(torch.autograd.grad(loss, params))
 
 
-@pytest.mark.parametrize("layout", ["packed", "padded"])
+@pytest.mark.parametrize(
+    ("layout", "shared"), [("packed", 0), ("padded", 0), ("prefix_grouped", 0), ("prefix_grouped", 10)]
+)
 def test_an_sft_step_takes_the_gradient_of_the_token_mean_nll_of_the_assistant_tokens(
-    layout: SFTLayout,
+    layout: SFTLayout, shared: int
 ) -> None:
     reference = Policy.from_pretrained("tiny")
     policy = Policy.from_pretrained("tiny")
-    examples = _examples(policy)
+    examples = _examples(policy, shared=shared)
     expected_loss, expected_acc, expected_grads = _reference(reference, examples)
     stage = SFTStage(
         policy=policy,
         sft=SFTConfig(enabled=True, batch_size=len(examples), lr=1e-3, max_grad_norm=1e9, layout=layout),
-        optim=OptimConfig(micro_batch_tokens=40),  # several micro-batches: gradient accumulation
+        optim=OptimConfig(micro_batch_tokens=40 + shared),  # several micro-batches: gradient accumulation
         examples=examples,
         seed=0,
     )
@@ -68,6 +75,7 @@ def test_auto_layout_packs_only_where_attention_is_varlen() -> None:
     policy = Policy.from_pretrained("tiny")  # attn_implementation auto: mcprl_varlen_sdpa on CPU
     assert sft_layout("auto", policy) == "packed"
     assert sft_layout("padded", policy) == "padded"
+    assert sft_layout("prefix_grouped", policy) == "prefix_grouped"
     # plain SDPA would attend through an N x N block-diagonal mask over a packed row
     assert sft_layout("auto", Policy.from_pretrained("tiny", attn_implementation="sdpa")) == "padded"
 

@@ -50,6 +50,7 @@ def test_console_logs_one_line_per_grpo_step_with_its_fields() -> None:
             "clip": 0.0,
             "step_s": 3.2,
             "elapsed_s": 100.0,
+            "eta_s": 22,  # 7 steps left at 3.21 s
         }
     ]
 
@@ -61,7 +62,21 @@ def test_console_logs_every_twentieth_of_the_warm_start_and_its_last_step() -> N
             record = {"stage": "sft", "sft_step": step, "sft/loss": 1.0, "sft/token_acc": 0.5}
             console.write_metrics("sft", 0, {**record, "time/elapsed_s": 1.0})
     assert [log["step"] for log in logs] == [f"{s}/45" for s in (*range(2, 45, 2), 45)]
-    assert set(logs[0]) == {"event", "log_level", "step", "loss", "token_acc", "elapsed_s"}
+    assert set(logs[0]) == {"event", "log_level", "step", "loss", "token_acc", "elapsed_s", "eta_s"}
+
+
+def test_the_eta_is_the_steps_left_times_the_mean_step_time_so_far() -> None:
+    console = ConsoleSink(_config(), sft_steps=40)
+    with capture_logs() as logs:
+        for step, seconds in zip(range(1, 41), [10.0, 30.0] * 20, strict=True):
+            record = {"stage": "sft", "sft_step": step, "perf/sft_step_s": seconds}
+            console.write_metrics("sft", 0, record)
+        console.write_metrics("grpo", 1, {"perf/step_s": 5.0})
+        console.write_metrics("grpo", 2, {"perf/step_s": 7.0})
+    etas = [(log["step"], log["eta_s"]) for log in logs]
+    # step 2: 38 left at 20 s; step 4: 36 at 20 s; the GRPO stage keeps its own mean (5 s, then 6 s).
+    assert etas[:2] == [("2/40", 760), ("4/40", 720)]
+    assert etas[-3:] == [("40/40", 0), ("1/10", 45), ("2/10", 48)]
 
 
 def test_console_logs_a_validation_with_its_tag_and_task_count() -> None:

@@ -45,11 +45,13 @@ __all__ = [
     "MIN_SHARED_TOKENS",
     "PADDING_WASTE",
     "PrefixGroup",
+    "ScoredSources",
     "check_prefix_groupable",
     "computed_tokens",
     "length_buckets",
     "pack_prefix_groups",
     "prefix_grouped_forward",
+    "prefix_grouped_sources",
     "prefix_groups",
 ]
 
@@ -257,11 +259,56 @@ def prefix_grouped_forward(
         UnpackableModelError: the model has linear-attention layers.
         ValueError: no sequence, an empty one, an id outside the vocabulary, or a bad ``needed`` mask.
     """
+    scored = prefix_grouped_sources(
+        model, sequences, pad_token_id=pad_token_id, needed=needed, min_shared=min_shared
+    )
+    _, lm_head = backbone_and_head(model)
+    return scored_forward(
+        scored.source,
+        scored.targets,
+        scored.flat,
+        lm_head=lm_head,
+        value_head=value_head,
+        seq_lens=[len(s) for s in sequences],
+        temperature=temperature,
+        chunk_size=chunk_size,
+        vocab_limit=vocab_limit,
+    )
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class ScoredSources:
+    """The backbone's side of a training forward: for each scored token ``j``, the hidden state that predicts it.
+
+    ``source[j]`` (``(M, H)``) predicts ``targets[j]``, the token at ``flat[j]`` among the concatenated sequences.
+    """
+
+    source: torch.Tensor
+    targets: torch.Tensor
+    flat: torch.Tensor
+
+
+def prefix_grouped_sources(
+    model: nn.Module,
+    sequences: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int = 0,
+    needed: torch.Tensor | None = None,
+    min_shared: int = MIN_SHARED_TOKENS,
+) -> ScoredSources:
+    """The backbone of `prefix_grouped_forward` (each shared prefix run once), stopping before the heads.
+
+    The supervised forward (`mcprl_policy.supervised.target_logprobs`) puts its own head on these rows.
+
+    Raises:
+        UnpackableModelError: the model has linear-attention layers.
+        ValueError: no sequence, an empty one, an id outside the vocabulary, or a bad ``needed`` mask.
+    """
     if not sequences or min(len(s) for s in sequences) == 0:
         raise ValueError("prefix_grouped_forward needs at least one sequence and no empty sequence")
     check_prefix_groupable(model)
     device = next(model.parameters()).device
-    backbone, lm_head = backbone_and_head(model)
+    backbone, _ = backbone_and_head(model)
     lens = [len(s) for s in sequences]
     all_ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=device)
     check_token_ids(model, all_ids[None])
@@ -341,14 +388,4 @@ def prefix_grouped_forward(
         before < shared, prefix_at[seq] + before, torch.tensor(source_of)[seq] + before - shared
     ).to(device)
     flat_idx = flat_idx.to(device)
-    return scored_forward(
-        hidden[source],
-        all_ids[flat_idx],
-        flat_idx,
-        lm_head=lm_head,
-        value_head=value_head,
-        seq_lens=lens,
-        temperature=temperature,
-        chunk_size=chunk_size,
-        vocab_limit=vocab_limit,
-    )
+    return ScoredSources(source=hidden[source], targets=all_ids[flat_idx], flat=flat_idx)

@@ -11,7 +11,9 @@ assistant tokens), so unlike the RL forward (`mcprl_policy.padded.policy_forward
   chunks recomputed in backward, as the RL forward does, so a large vocabulary stays bounded.
 
 The backbone runs in the layout the caller picks: ``packed`` (one row, varlen attention,
-`mcprl_policy.packed.packed_hidden_states`) or ``padded`` (`mcprl_policy.padded.padded_hidden_states`).
+`mcprl_policy.packed.packed_hidden_states`), ``padded`` (`mcprl_policy.padded.padded_hidden_states`) or
+``prefix_grouped`` (`mcprl_policy.prefix_grouped.prefix_grouped_sources`: a prefix that demonstrations share,
+the system prompt and tool schemas of tasks on the same servers, runs once; full-attention models only).
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from torch.utils.checkpoint import checkpoint
 from mcprl_policy.packed import backbone_and_head, pack_sequences, packed_hidden_states
 from mcprl_policy.padded import padded_hidden_states
 from mcprl_policy.policy import Policy
+from mcprl_policy.prefix_grouped import prefix_grouped_sources
 
 __all__ = ["SupervisedLayout", "target_logprobs", "target_token_logprobs"]
 
-SupervisedLayout = Literal["packed", "padded"]
-"""The training layouts of the supervised forward (prefix grouping serves GRPO groups, not demonstrations)."""
+SupervisedLayout = Literal["packed", "padded", "prefix_grouped"]
+"""The training layouts of the supervised forward (module docstring)."""
 
 
 def target_logprobs(
@@ -50,13 +53,15 @@ def target_logprobs(
         sequences: token ids, one non-empty sequence each.
         targets: per sequence, one flag per token: True where the token is a target. The first token has no
             prefix and must not be one.
-        layout: ``packed`` (one row, varlen attention) or ``padded`` (right-padded rows).
+        layout: ``packed`` (one row, varlen attention), ``padded`` (right-padded rows) or ``prefix_grouped``
+            (shared prefixes once).
 
     Returns:
         ``(M,)`` float32 logprobs, ``M`` the number of targets.
 
     Raises:
         ValueError: a mask whose length differs from its sequence's, or that marks a first token.
+        UnpackableModelError: ``prefix_grouped`` for a model with linear-attention layers.
     """
     if len(targets) != len(sequences):
         raise ValueError(f"{len(targets)} target masks for {len(sequences)} sequences")
@@ -86,6 +91,11 @@ def target_logprobs(
                 cols = torch.cat([torch.arange(len(s), device=device) for s in sequences])[flags]
                 source = hidden[rows, cols - 1]
                 ids = padded_ids[rows, cols]
+            case "prefix_grouped":
+                scored = prefix_grouped_sources(
+                    model, sequences, pad_token_id=int(policy.tokenizer.pad_token_id or 0), needed=flags
+                )
+                source, ids = scored.source, scored.targets
             case _:
                 assert_never(layout)
         _, lm_head = backbone_and_head(model)

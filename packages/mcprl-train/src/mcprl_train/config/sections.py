@@ -269,7 +269,7 @@ class OptimConfig:
             )
 
 
-SFTLayout = Literal["auto", "packed", "padded"]
+SFTLayout = Literal["auto", "packed", "padded", "prefix_grouped"]
 """The warm start's forward layout (``auto``: packed where attention is varlen, `warm_start.sft_layout`)."""
 
 
@@ -296,8 +296,10 @@ class SFTConfig:
     ``family_weights`` mixes the scripted demonstrations by task family (`mcprl_tasks.demo_mix.plan_demos`):
     each family's share of ``demos`` is proportional to its weight (an unnamed family weighs 1; empty: the
     tasks as they come, in proportion to the training set). ``family_noise`` sets ``teacher_noise`` per family.
-    ``layout`` is the forward's layout (`SFTLayout`): ``packed`` (one row per micro-batch) or ``padded``
-    (right-padded rows), micro-batches of ``optim.micro_batch_tokens`` either way.
+    ``layout`` is the forward's layout (`SFTLayout`): ``packed`` (one row per micro-batch), ``padded``
+    (right-padded rows) or ``prefix_grouped`` (a prefix the batch's demonstrations share, such as the system
+    prompt and tool schemas of tasks on the same servers, runs once; micro-batches filled group by group),
+    micro-batches of ``optim.micro_batch_tokens`` computed tokens each.
     """
 
     enabled: bool = False

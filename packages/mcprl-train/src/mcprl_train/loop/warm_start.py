@@ -22,6 +22,7 @@ import torch
 from mcprl_env import ChatTokenizer, Environment
 from mcprl_policy import Policy
 from mcprl_policy.attention import check_packable, is_packable, uses_varlen
+from mcprl_policy.prefix_grouped import check_prefix_groupable, pack_prefix_groups
 from mcprl_policy.supervised import SupervisedLayout, target_logprobs
 from mcprl_policy.vocab import end_of_turn_ids
 from mcprl_train.config import Config, OptimConfig, SFTConfig
@@ -244,6 +245,9 @@ def sft_layout(requested: SFTLayout, policy: Policy) -> SupervisedLayout:
             return "packed"
         case "padded":
             return "padded"
+        case "prefix_grouped":
+            check_prefix_groupable(policy.model)
+            return "prefix_grouped"
         case _:
             assert_never(requested)
 
@@ -331,7 +335,7 @@ class SFTStage:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         correct = 0.0
-        for b in pack_indices([len(e.token_ids) for e in batch], self.optim.micro_batch_tokens):
+        for b in self._micro_batches(batch):
             items = [batch[i] for i in b]
             lp = target_logprobs(
                 self.policy, [e.token_ids for e in items], [e.targets for e in items], layout=self.layout
@@ -354,6 +358,12 @@ class SFTStage:
             "sft/tokens": float(total),
             "perf/sft_step_s": time.perf_counter() - t0,
         }
+
+    def _micro_batches(self, batch: Sequence[SFTExample]) -> list[list[int]]:
+        """Indices of ``batch`` per micro-batch of at most ``optim.micro_batch_tokens`` computed tokens."""
+        if self.layout == "prefix_grouped":
+            return pack_prefix_groups([e.token_ids for e in batch], self.optim.micro_batch_tokens)
+        return pack_indices([len(e.token_ids) for e in batch], self.optim.micro_batch_tokens)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -82,6 +82,8 @@ class ConsoleSink:
         if config.sft.enabled and total is None:
             raise ValueError("ConsoleSink: sft.steps is null (the warm start runs by epochs); pass sft_steps")
         self.sft_steps = total or 0
+        self._sft_eta = _Eta()
+        self._grpo_eta = _Eta()
 
     def write_metrics(self, kind: MetricKind, step: int, record: Record) -> None:
         match kind:
@@ -113,11 +115,13 @@ class ConsoleSink:
             clip=round(_num(m, "ratio/clip_frac"), 3),
             step_s=round(_num(m, "perf/step_s"), 1),
             elapsed_s=round(_num(m, "time/elapsed_s"), 0),
+            eta_s=self._grpo_eta.after(_num(m, "perf/step_s"), self.grpo_steps - step),
         )
 
     def _sft_line(self, m: Record) -> None:
         total = self.sft_steps
         sft_step = int(_num(m, "sft_step"))
+        eta = self._sft_eta.after(_num(m, "perf/sft_step_s"), total - sft_step)
         if sft_step % max(1, total // _SFT_LINES) == 0 or sft_step == total:
             logger.info(
                 "sft_step",
@@ -125,6 +129,7 @@ class ConsoleSink:
                 loss=round(_num(m, "sft/loss"), 4),
                 token_acc=round(_num(m, "sft/token_acc"), 3),
                 elapsed_s=round(_num(m, "time/elapsed_s"), 0),
+                eta_s=eta,
             )
 
     def _validation_line(self, step: int, m: Record) -> None:
@@ -139,6 +144,22 @@ class ConsoleSink:
             tasks=int(_num(m, "val/groups")),  # one group per validation task
             time_s=round(_num(m, "val/time_s"), 1),
         )
+
+
+class _Eta:
+    """Seconds left in a stage: the steps left times the mean step time this process has seen in it.
+
+    Evaluations and checkpoints between steps are not in a step's time, so the estimate leaves them out.
+    """
+
+    def __init__(self) -> None:
+        self._seconds = 0.0
+        self._steps = 0
+
+    def after(self, step_s: float, steps_left: int) -> int:
+        self._seconds += step_s
+        self._steps += 1
+        return round(self._seconds / self._steps * max(0, steps_left))
 
 
 def _num(record: Record, key: str) -> float:
