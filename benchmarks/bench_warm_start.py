@@ -8,6 +8,8 @@ held-out evaluations the run made (``sft.eval_every``). ``--profile`` prints tor
 operators of steps 5-7 of each run.
 
     uv run python benchmarks/bench_warm_start.py --variant rl=rl: --variant new= --steps 30
+    uv run python benchmarks/bench_warm_start.py --train-profile cpu-smollm2 --steps 3 --reps 2 \
+        --variant packed=sft.layout=packed --variant grouped=sft.layout=prefix_grouped
     # a variant is NAME=[rl:]KEY=VALUE[,KEY=VALUE...]: extra `--set`s for that run; `rl:` runs the step on the
     # RL forward (`policy_forward`: every position through the output head, entropies, the logits recomputed in
     # backward) instead of `target_logprobs`, as the comparison
@@ -72,7 +74,14 @@ def rl_forward_step(self: warm_start.SFTStage) -> dict[str, float]:
 
 
 def run(
-    name: str, sets: list[str], steps: int, out: Path, common: list[str], profiled: bool, rl: bool
+    name: str,
+    sets: list[str],
+    steps: int,
+    out: Path,
+    common: list[str],
+    profiled: bool,
+    rl: bool,
+    train_profile: str,
 ) -> dict[str, Any]:
     times: list[float] = []
     restore = warm_start.SFTStage.train_step
@@ -95,6 +104,7 @@ def run(
         code = main(
             [
                 "train",
+                *("--profile", train_profile),
                 "--run-name",
                 name,
                 *("--set", f"run.output_dir={out}"),
@@ -136,7 +146,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], dest="common", help="a --set for every run")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--reps", type=int, default=1)
-    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="print torch.profiler's table of steps 5-7")
+    parser.add_argument("--train-profile", default="cpu", help="the shipped profile the runs start from")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-warm-start"))
     return parser.parse_args()
 
@@ -144,10 +155,18 @@ def parse() -> argparse.Namespace:
 if __name__ == "__main__":
     args = parse()
     torch.set_num_threads(1)
+    best: dict[str, float] = {}
     for rep in range(1, args.reps + 1):
         for variant in args.variant:
             name, _, rest = variant.partition("=")
             rl = rest.startswith("rl:")
             sets = [s for s in rest.removeprefix("rl:").split(",") if s]
-            result = run(f"{name}-{rep}", sets, args.steps, args.out, args.common, args.profile, rl)
+            result = run(
+                f"{name}-{rep}", sets, args.steps, args.out, args.common, args.profile, rl, args.train_profile
+            )
             print(json.dumps(result), flush=True)
+            best[name] = min(best.get(name, math.inf), result["step_cpu_s_median"])
+    baseline, *others = best
+    for name in others:
+        # the baseline's median SFT step CPU time over this variant's, best run of each
+        print(f"sft_step_speedup[{name} vs {baseline}]: {best[baseline] / best[name]:.2f}")

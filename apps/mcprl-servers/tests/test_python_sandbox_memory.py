@@ -9,7 +9,9 @@ stop the others. Afterwards the server's own cgroup holds what it held before.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -92,11 +94,34 @@ def _usage(directory: Path, version: int) -> int:
     return int((directory / ("memory.current" if version == 2 else "memory.usage_in_bytes")).read_text())
 
 
+@pytest.fixture
+def own_cgroup() -> Iterator[tuple[Path, int]]:
+    """This test process in a memory cgroup of its own, under which the sandbox makes its call cgroups.
+
+    The machine's cgroup also charges every other process on it (other tests, other runs on a shared machine),
+    so its usage cannot show what one call left behind; this one's counts only this process and its calls.
+    """
+    assert _HIERARCHY is not None
+    parent, version = _HIERARCHY
+    mine = parent / f"mcprl-test-{os.getpid()}"
+    mine.mkdir(exist_ok=True)
+    (mine / "cgroup.procs").write_text(str(os.getpid()))
+    sandbox_runner._hierarchy.cache_clear()  # pyright: ignore[reportPrivateUsage]
+    try:
+        yield mine, version
+    finally:
+        (parent / "cgroup.procs").write_text(str(os.getpid()))
+        sandbox_runner._hierarchy.cache_clear()  # pyright: ignore[reportPrivateUsage]
+        with contextlib.suppress(OSError):
+            mine.rmdir()
+
+
 @_needs_cgroup
 @pytest.mark.parametrize("mechanism", list(_PROGRAMS))
-async def test_holding_twice_the_limit_is_stopped_and_the_memory_comes_back(mechanism: str) -> None:
-    assert _HIERARCHY is not None
-    directory, version = _HIERARCHY
+async def test_holding_twice_the_limit_is_stopped_and_the_memory_comes_back(
+    mechanism: str, own_cgroup: tuple[Path, int]
+) -> None:
+    directory, version = own_cgroup
     config = SandboxConfig(
         deadline_s=15.0, memory_bytes=_LIMIT, scratch_bytes=256 << 20, memory_cgroup="required"
     )
@@ -106,8 +131,8 @@ async def test_holding_twice_the_limit_is_stopped_and_the_memory_comes_back(mech
     assert b"held" not in outcome.stdout
     with pytest.raises(ToolError):  # the model's fault, shown to it
         format_outcome(outcome, config)
-    # The server's cgroup is this whole machine's here (other processes come and go): the least of a few
-    # readings, and a margin well below the 128 MiB or more the program tried to hold.
+    # The least of a few readings (this process's own allocations come and go), and a margin well below the
+    # 128 MiB or more the program tried to hold.
     after = min([_usage(directory, version), *[await _usage_later(directory, version) for _ in range(4)]])
     assert after - before < 48 << 20, f"{(after - before) >> 20} MiB still held after the call"
     assert _call_cgroups(directory) <= cgroups  # this call's cgroup is gone
