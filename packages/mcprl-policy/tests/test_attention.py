@@ -28,10 +28,13 @@ from mcprl_policy import (
     policy_forward,
 )
 from mcprl_policy.attention import (
+    PER_ROW_MIN_MASKED,
+    PER_ROW_MIN_WINDOW,
     VARLEN_SDPA,
     check_packable,
     decode_sdpa,
     resolve_attn_implementation,
+    row_windows,
     varlen_sdpa_attention,
 )
 from mcprl_policy.packed import pack_sequences
@@ -128,6 +131,46 @@ def test_a_decode_step_attends_grouped_heads_without_copies_and_gives_transforme
     direct = decode_sdpa(q, k, v, mask, scale=0.25, groups=3)
     assert direct is not None
     assert torch.equal(direct.transpose(1, 2), theirs)
+
+
+def test_a_long_left_masked_decode_window_is_attended_row_by_row_from_each_rows_first_column() -> None:
+    """Rows of a long window, most of them masked on the left (episodes at different turns) and one with masked
+    columns inside (a gap): each row's result is its attention over its own attended columns, computed alone."""
+    g = torch.Generator().manual_seed(4)
+    width = PER_ROW_MIN_WINDOW + 100
+    cache_k, cache_v = (torch.randn(4, 2, width + 10, 16, generator=g) for _ in range(2))
+    k, v = cache_k[:, :, 10:], cache_v[:, :, 10:]
+    q = torch.randn(4, 6, 1, 16, generator=g)
+    mask = torch.zeros(4, 1, 1, width, dtype=torch.bool)
+    for row, first in enumerate((0, 150, 300, 200)):
+        mask[row, ..., first:] = True
+    mask[3, ..., 220:240] = False  # a gap
+    assert row_windows(mask, 4) == [(0, True), (150, True), (300, True), (200, False)]
+    out = decode_sdpa(q, k, v, mask, scale=0.25, groups=3)
+    assert out is not None
+    for row in range(4):
+        cols = mask[row, 0, 0].nonzero().squeeze(-1)
+        keys = k[row].repeat_interleave(3, dim=0)[:, cols]  # (H, n, D)
+        values = v[row].repeat_interleave(3, dim=0)[:, cols]
+        weights = torch.softmax(q[row] @ keys.transpose(-1, -2) * 0.25, dim=-1)  # Vaswani et al. 2017, eq. 1
+        torch.testing.assert_close(out[row], weights @ values, atol=1e-6, rtol=1e-5)
+    # A row's bits are its own: the same as attending it alone over its own columns, whatever the batch's window.
+    alone = torch.nn.functional.scaled_dot_product_attention(
+        q[1:2], k[1:2, :, 150:], v[1:2, :, 150:], scale=0.25, enable_gqa=True
+    )
+    assert torch.equal(out[1:2], alone)
+
+
+def test_short_or_little_masked_windows_are_attended_in_one_call() -> None:
+    mask = torch.ones(3, 1, 1, PER_ROW_MIN_WINDOW - 1, dtype=torch.bool)
+    mask[0, ..., :200] = False
+    assert row_windows(mask, 3) is None  # too short
+    mask = torch.ones(3, 1, 1, PER_ROW_MIN_WINDOW * 2, dtype=torch.bool)
+    mask[0, ..., : 3 * PER_ROW_MIN_MASKED - 3] = False
+    assert row_windows(mask, 3) is None  # fewer than PER_ROW_MIN_MASKED masked columns per row on average
+    mask[1, ..., :3] = False
+    assert row_windows(mask, 3) is not None
+    assert row_windows(None, 3) is None
 
 
 def test_a_bf16_decode_step_attends_in_float32() -> None:

@@ -27,7 +27,7 @@ from transformers import (
 )
 from transformers.cache_utils import DynamicLayer
 
-from mcprl_policy import SamplerError, SamplingParams, build_tiny_model
+from mcprl_policy import SamplerError, SamplingParams, attention, build_tiny_model
 from mcprl_policy.batch_cache import ConcatCache
 from mcprl_policy.cache_rows import AttentionRow
 from mcprl_policy.decode import DecodeEngine, DecodeRequest
@@ -89,6 +89,43 @@ def test_the_pool_gives_the_concatenating_caches_tokens_and_logprobs_bit_for_bit
     reasons = {r.finish_reason for r in runs["pool"]}
     assert reasons == {"stop", "length"} or not params.stop
     assert len({len(r.token_ids) for r in runs["pool"]}) >= 4  # rows left at different steps
+
+
+def test_decode_attention_row_by_row_keeps_pool_and_concat_bit_for_bit(
+    qwen3_gqa: Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the CPU decode kernel (`mcprl_policy.attention.decode_sdpa`, the varlen implementation's) attending
+    row by row on every masked window (its thresholds lowered to this workload's short rows), both layouts still
+    give the same bits: a row's attention depends on its own columns alone."""
+    model, tokenizer = qwen3_gqa
+    model.config._attn_implementation = attention.VARLEN_SDPA  # pyright: ignore[reportPrivateUsage]
+    monkeypatch.setattr(attention, "PER_ROW_MIN_WINDOW", 4)
+    monkeypatch.setattr(attention, "PER_ROW_MIN_MASKED", 1)
+    split: list[int] = []
+    row_windows = attention.row_windows
+
+    def counted(mask: torch.Tensor | None, rows: int) -> list[tuple[int, bool]] | None:
+        windows = row_windows(mask, rows)
+        split.append(windows is not None)
+        return windows
+
+    monkeypatch.setattr(attention, "row_windows", counted)
+    params, seeded = WORKLOAD_PARAMS["sampled, penalty, stop string"]
+    runs: dict[str, list[DecodeRequest]] = {}
+    try:
+        for layout in ("concat", "pool"):
+            torch.manual_seed(0)
+            engine = build_engine(model, tokenizer, params=params, max_batch_size=5, kv_layout=layout)
+            runs[layout] = mixed_workload(engine, tokenizer, seeded=seeded)
+    finally:
+        model.config._attn_implementation = "sdpa"  # pyright: ignore[reportPrivateUsage]
+    assert sum(split) >= 20  # the row-by-row path ran (on the masked windows: the others have no mask)
+    for old, new in zip(runs["concat"], runs["pool"], strict=True):
+        assert (new.token_ids, new.logprobs, new.finish_reason) == (
+            old.token_ids,
+            old.logprobs,
+            old.finish_reason,
+        )
 
 
 def test_a_decode_step_writes_into_the_pool_in_place_and_never_concatenates(

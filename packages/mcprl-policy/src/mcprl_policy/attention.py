@@ -41,6 +41,7 @@ __all__ = [
     "decode_sdpa",
     "is_packable",
     "resolve_attn_implementation",
+    "row_windows",
     "uses_varlen",
     "varlen_sdpa_attention",
 ]
@@ -53,6 +54,13 @@ VARLEN_IMPLEMENTATIONS: Final = frozenset({"flash_attention_2", "flash_attention
 """Implementations whose packed forward takes ``cu_seq_lens`` instead of a block-diagonal mask."""
 
 LINEAR_ATTENTION_LAYER: Final = "linear_attention"
+
+
+PER_ROW_MIN_WINDOW: Final = 256
+"""The narrowest decode window that `decode_sdpa` may split into one attention call per row."""
+
+PER_ROW_MIN_MASKED: Final = 64
+"""The fewest masked leading columns per row, on average, for which `decode_sdpa` splits the window by row."""
 
 
 def decode_sdpa(
@@ -74,6 +82,14 @@ def decode_sdpa(
     bfloat16 are widened to float32 first (exact): the CPU kernel at one query per row runs ~5x slower in
     bfloat16 on these shapes; the output is rounded back.
 
+    Rows of different lengths share one window, the longest row's, the shorter ones masked on the left. When
+    that masking is most of the work (a window of at least `PER_ROW_MIN_WINDOW` columns with at least
+    `PER_ROW_MIN_MASKED` masked leading columns per row on average: episodes at different turns), each row
+    attends from its own first column in a call of its own (`row_windows`), which skips the masked columns
+    instead of computing and discarding them: 1.5x faster at 64 rows of 2,000 columns 40 % masked, slower on
+    short windows, where one call's overhead per row outweighs what it skips. A row's result then depends on its
+    own columns only, not on the batch's window.
+
     Args:
         query: ``(B, H, 1, D)``.
         key: ``(B, H_kv, L, D)`` (a strided window of the cache is fine).
@@ -85,17 +101,52 @@ def decode_sdpa(
     if query.shape[2] != 1 or query.device.type != "cpu":
         return None
     widen = key.dtype == torch.bfloat16
-    out = F.scaled_dot_product_attention(
-        query.float() if widen else query,
-        key.float() if widen else key,
-        value.float() if widen else value,
-        attn_mask=mask,
-        dropout_p=0.0,
-        scale=scale,
-        is_causal=False,
-        enable_gqa=groups > 1,
-    )
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+        return F.scaled_dot_product_attention(
+            q.float() if widen else q,
+            k.float() if widen else k,
+            v.float() if widen else v,
+            attn_mask=m,
+            dropout_p=0.0,
+            scale=scale,
+            is_causal=False,
+            enable_gqa=groups > 1,
+        )
+
+    windows = row_windows(mask, query.shape[0])
+    if windows is None:
+        out = attend(query, key, value, mask)
+    else:
+        assert mask is not None
+        out = torch.cat(
+            [
+                attend(
+                    query[r : r + 1],
+                    key[r : r + 1, :, first:],
+                    value[r : r + 1, :, first:],
+                    None if dense else mask[r : r + 1, :, :, first:],
+                )
+                for r, (first, dense) in enumerate(windows)
+            ]
+        )
     return out.to(query.dtype)
+
+
+def row_windows(mask: torch.Tensor | None, rows: int) -> list[tuple[int, bool]] | None:
+    """Per row of a decode step's ``(rows, 1, 1, L)`` boolean mask: its first attended column and whether it
+    attends every column from there; None where one call over the whole window is cheaper (`decode_sdpa`)."""
+    if mask is None or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[0] != rows:
+        return None
+    width = mask.shape[-1]
+    if width < PER_ROW_MIN_WINDOW or mask.shape[1] != 1 or mask.shape[2] != 1:
+        return None
+    flat = mask.reshape(rows, width)
+    first = flat.int().argmax(-1)  # the first True column
+    if float(first.float().mean()) < PER_ROW_MIN_MASKED:
+        return None
+    dense = flat.sum(-1) == width - first
+    return list(zip(first.tolist(), dense.tolist(), strict=True))
 
 
 def varlen_sdpa_attention(
