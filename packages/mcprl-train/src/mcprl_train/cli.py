@@ -95,9 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config = sub.add_parser("config", help="print the resolved config as YAML")
     _add_config_args(config)
-    plan = sub.add_parser("plan", help="memory preflight: will the profile fit its devices?")
+    plan = sub.add_parser(
+        "plan",
+        help="memory preflight: will the profile fit its devices? (and, --from-run, how long it takes)",
+    )
     _add_config_args(plan)
     plan.add_argument("--model", default=None, help="model name or directory (overrides model.name)")
+    plan.add_argument(
+        "--from-run",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also project the run's time from a probe run's measured phases (a short run of this config)",
+    )
     evaluate = sub.add_parser("eval", help="evaluate a saved checkpoint on the validation tasks")
     evaluate.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint or run directory")
     _add_config_args(evaluate, profile=False)
@@ -228,6 +238,10 @@ def _plan(args: argparse.Namespace) -> int:
         config = config.replace([f"model.name={args.model}"])
     plan = plan_memory(config, load_model_shape(config.model.name))
     Console().print(render_plan(plan))
+    if args.from_run is not None:
+        from mcprl_train.commands.time_plan import plan_time, probe_rates, render_time_plan
+
+        Console().print(render_time_plan(plan_time(config, probe_rates(args.from_run))))
     return 0 if plan.fits is not False else 1
 
 
