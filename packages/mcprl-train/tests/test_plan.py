@@ -494,6 +494,29 @@ def test_gradient_checkpointing_and_zero_stages_shrink_the_estimate() -> None:
     assert by_stage[3]["zero3 gathered weights"] == by_stage[2]["weights"]
 
 
+def test_a_bf16_mixed_samplers_kv_cache_is_float32_as_a_real_forward_fills_it() -> None:
+    """Under bf16-mixed the keys leave the rotary embedding in the fp32 residual stream's dtype, and the values
+    too: the plan counts 4 bytes per element, not the compute dtype's 2."""
+    from mcprl_policy import Policy
+
+    policy = Policy.from_pretrained("tiny", dtype="bfloat16", value_head=False)
+    batch, tokens = 2, 20
+    with torch.no_grad(), policy.autocast():
+        cache = policy.model(input_ids=torch.randint(5, 100, (batch, tokens)), use_cache=True).past_key_values
+    measured = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    config = Config.load(
+        profile="cpu",
+        overrides=[
+            "model.dtype=bfloat16",
+            f"sampler.max_batch_size={batch}",
+            f"env.max_total_tokens={tokens}",
+        ],
+    )
+    rows = plan_memory(config, load_model_shape("tiny")).bytes_of()
+    assert rows["sampler kv cache"] == measured
+    assert {t.dtype for layer in cache.layers for t in (layer.keys, layer.values)} == {torch.float32}
+
+
 def test_sliding_window_layers_bound_the_kv_cache(tmp_path: Path) -> None:
     cfg = _small_qwen3(sliding_window=256)
     shape = load_model_shape(_save(cfg, tmp_path / "m"))

@@ -345,12 +345,15 @@ def _sampler_rows(config: Config, shape: ModelShape, w: int, device_memory: int 
             b, s = sampler.max_batch_size, config.env.max_total_tokens
             slots = shape.kv_tokens(s)
             attention = sum(t != "linear_attention" for t in shape.layer_types)
+            # Keys leave the rotary embedding in the residual stream's dtype (fp32 under bf16-mixed), and the
+            # decode pool keeps values in the keys' dtype.
+            kv = stream_bytes(config, w)
             rows = [
                 MemoryRow(
                     name="sampler kv cache",
-                    nbytes=b * slots * 2 * shape.kv_dim * w,
+                    nbytes=b * slots * 2 * shape.kv_dim * kv,
                     formula=f"{b} seqs × {slots:,} slots ({attention} attention layers × ≤ {s} tok) × 2 (k, v)"
-                    f" × kv {shape.kv_dim} × {w} B",
+                    f" × kv {shape.kv_dim} × {kv} B",
                     phase="sampling",
                 )
             ]
