@@ -33,6 +33,7 @@ from mcprl_train.loop.task_stream import TaskStream
 from mcprl_train.loop.update import UpdateBackend
 from mcprl_train.loop.warm_start import SFTStage, teacher_success
 from mcprl_train.run.checkpoint import Checkpoint
+from mcprl_train.run.heap import trim_heap
 from mcprl_train.run.phases import PHASES_FILE, PhaseLog
 from mcprl_train.run.progress import RunProgress
 from mcprl_train.run.ranks import write_rank_record
@@ -180,6 +181,7 @@ class Trainer:
         if self.state.stage == "sft":
             # No evaluation of the untrained model here: it cannot call a tool; "warm_start" is the baseline.
             await self.warm_start()
+            trim_heap()  # the warm start's activations, before the evaluation decodes in another thread
             self.sync_sampler()  # the GRPO rollouts must start from the warm-started weights
             assert self.learner is not None
             self.learner.sync_reference()  # and the KL reference is the warm-started policy, not its init
@@ -267,12 +269,14 @@ class Trainer:
         prefetch = cfg.collection.overlap and step < cfg.run.steps and not (every and step % every == 0)
         self.progress.work_done()
         self.rollouts.release_memory()
+        trim_heap()  # what the decode thread freed, before the update allocates in the main thread
         self.phases.announce("update_and_collection" if prefetch else "update", self.state, step=step)
         learned, self.pending = await learn_while_collecting(
             lambda: learn_step(learner, ready.samples, step),
             (lambda: collect(step + 1)) if prefetch else None,
         )
         self.sync_sampler()
+        trim_heap()  # the update's activations, before the next collection
         self.synced_step = step
         self.emit("after_update")
         self.state.step = step
@@ -303,6 +307,7 @@ class Trainer:
         metrics.update({f"val/{k}": v for k, v in tool_step_metrics(self.rollouts.env).items()})
         metrics["time/elapsed_s"] = self.elapsed()
         self.log_metrics("eval", self.state.step, metrics, tag=tag)
+        trim_heap()
         return metrics
 
     def elapsed(self) -> float:
