@@ -57,7 +57,9 @@ def run_side(checkpoint: Path, tasks: int, *, per_row: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="greedy evaluation with decode attention row by row vs one call")
+    parser = argparse.ArgumentParser(
+        description="greedy evaluation with decode attention row by row vs one call"
+    )
     parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint or run directory")
     parser.add_argument("--tasks", type=int, default=22, help="validation tasks per evaluation")
     parser.add_argument("--repeats", type=int, default=2)
