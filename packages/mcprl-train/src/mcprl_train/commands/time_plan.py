@@ -98,7 +98,6 @@ class TimePlan:
 
     rows: Sequence[PlanRow]
     grpo_step_s: float
-    sft_step_s: float
     differences: Sequence[str]
     probe: Path
 
@@ -129,16 +128,19 @@ def probe_rates(run_dir: Path) -> ProbeRates:
     for mark, after in zip(marks, [*marks[1:], None], strict=True):
         stop = float(after["time"]) if after is not None else end
         seconds[str(mark["phase"])] += max(0.0, stop - float(mark["time"]))
-    episodes = config.grpo.tasks_per_step * config.grpo.group_size
-    grpo_steps = sum(1 for m in metrics if m.get("kind") == "grpo")
+    episodes = float(
+        sum(1 for m in metrics if m.get("kind") == "grpo")
+        * config.grpo.tasks_per_step
+        * config.grpo.group_size
+    )
     units = {
         "startup": float(sum(1 for m in marks if m["phase"] == "startup")),
         "warm_start": float(sum(1 for m in metrics if m.get("kind") == "sft")),
         "evaluation": float(sum(float(m.get("val/groups", 0.0)) for m in metrics if m.get("kind") == "eval")),
-        "collection": float(grpo_steps * episodes),
-        "update": float(grpo_steps * episodes),
-        "update_and_collection": float(grpo_steps * episodes),
-        "records": float(grpo_steps * episodes),
+        "collection": episodes,
+        "update": episodes,
+        "update_and_collection": episodes,
+        "records": episodes,
         "checkpoint": float(sum(1 for m in marks if m["phase"] == "checkpoint")),
     }
     phases = {
@@ -178,7 +180,8 @@ def plan_time(config: Config, probe: ProbeRates) -> TimePlan:
         return rates[phase].per_unit if phase in rates else math.nan
 
     demos_ratio = config.sft.batch_size / ran.sft.batch_size
-    sft_steps = _sft_steps(config)
+    # a demonstration file may hold another number than sft.demos
+    sft_steps = config.sft.total_steps(config.sft.demos) if config.sft.enabled else 0
     if config.sft.max_time_s is not None and "warm_start" in rates:
         sft_steps = min(sft_steps, config.sft.max_time_s / (rate("warm_start") * demos_ratio))
     # With collection.overlap the probe's first collection and last update ran alone, the rest side by side:
@@ -215,20 +218,9 @@ def plan_time(config: Config, probe: ProbeRates) -> TimePlan:
     return TimePlan(
         rows=rows,
         grpo_step_s=grpo_step,
-        sft_step_s=rate("warm_start") * demos_ratio,
         differences=_differences(config, ran),
         probe=probe.run_dir,
     )
-
-
-def _sft_steps(config: Config) -> int:
-    """The warm start's steps (`mcprl_train.loop.warm_start.SFTStage.total_steps`), counting ``sft.demos``
-    demonstrations when it runs by epochs (a demonstration file may hold another number)."""
-    if not config.sft.enabled:
-        return 0
-    if config.sft.steps is not None:
-        return config.sft.steps
-    return -(-config.sft.demos // config.sft.batch_size) * config.sft.epochs
 
 
 def _differences(config: Config, probe: Config) -> list[str]:

@@ -328,6 +328,12 @@ class SFTConfig:
         validator=v.deep_mapping(key_validator=v.min_len(1), value_validator=[v.ge(0.0), v.le(1.0)]),
     )
 
+    def total_steps(self, demos: int) -> int:
+        """The stage's length over ``demos`` demonstrations: ``steps``, or ``epochs`` passes over them."""
+        if self.steps is not None:
+            return self.steps
+        return -(-demos // self.batch_size) * self.epochs
+
 
 @attrs.frozen(kw_only=True)
 class EvalConfig:

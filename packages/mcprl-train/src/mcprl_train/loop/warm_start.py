@@ -309,9 +309,7 @@ class SFTStage:
     @property
     def total_steps(self) -> int:
         """The stage's length: ``sft.steps``, or ``sft.epochs`` passes over the demonstrations."""
-        if self.config.steps is not None:
-            return self.config.steps
-        return -(-len(self.examples) // self.config.batch_size) * self.config.epochs
+        return self.config.total_steps(len(self.examples))
 
     def next_batch(self) -> list[SFTExample]:
         batch: list[SFTExample] = []
