@@ -11,6 +11,8 @@ sampling. Tokens, logprobs and finish reasons must be equal (logprobs bit for bi
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -295,3 +297,31 @@ def test_the_pool_is_refused_for_a_model_with_linear_attention(tiny_dir: Path) -
         build_engine(hybrid, tokenizer, params=SamplingParams(), max_batch_size=5, kv_layout="pool")
     engine = build_engine(hybrid, tokenizer, params=SamplingParams(), max_batch_size=5)
     assert engine.stats.kv_layout == "concat"
+
+
+def test_a_replaced_pool_frees_its_buffers_without_the_cyclic_collector(tiny_8h: Model) -> None:
+    """Reference counting alone frees a pool the engine let go of: no cycle through its layers keeps it (or
+    its buffers) alive until a full collection. The layers it handed out then refuse to be used."""
+    engine = build_engine(
+        *tiny_8h, params=SamplingParams(temperature=0.0), max_batch_size=8, kv_layout="pool"
+    )
+    requests = [DecodeRequest(prompt_ids=prompt_ids(tiny_8h[1], i), max_new_tokens=30) for i in range(4)]
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.inference_mode():
+            engine._admit(requests, engine.device)  # pyright: ignore[reportPrivateUsage]
+            assert not engine._decode_step(engine.device)  # pyright: ignore[reportPrivateUsage]
+        pool = engine._cache  # pyright: ignore[reportPrivateUsage]
+        assert isinstance(pool, KVPool)
+        layer = pool._cache.layers[0]  # pyright: ignore[reportPrivateUsage]
+        released = weakref.ref(pool)
+        buffer = weakref.ref(pool._keys[0])  # pyright: ignore[reportPrivateUsage]
+        del pool
+        engine._reset()  # pyright: ignore[reportPrivateUsage]
+        assert released() is None
+        assert buffer() is None
+    finally:
+        gc.enable()
+    with pytest.raises(SamplerError, match="after its pool was released"):
+        layer.update(torch.zeros(1, 8, 1, 16), torch.zeros(1, 8, 1, 16))
