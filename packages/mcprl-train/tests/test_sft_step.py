@@ -13,6 +13,7 @@ from mcprl_train.config.sections import SFTLayout
 from mcprl_train.loop.warm_start import SFTExample, SFTStage, sft_layout
 
 LENGTHS = (9, 23, 4, 17, 30, 12)
+TRAINED_STEPS = 20  # some turns right, some not (tuned: 12 steps none, 30 all)
 
 
 def _examples(policy: Policy, *, shared: int = 0) -> list[SFTExample]:
@@ -92,3 +93,45 @@ def test_the_sft_schedule_decays_the_learning_rate_over_the_stage() -> None:
     )
     lrs = [stage.train_step()["sft/lr"] for _ in range(4)]
     assert lrs == pytest.approx([7.5e-4, 5e-4, 2.5e-4, 0.0])
+
+
+def _two_turn_examples(policy: Policy) -> list[SFTExample]:
+    """Random conversations with two assistant turns (targets) around a span that is not one (a tool reply)."""
+    config: Any = policy.model.config
+    g = torch.Generator().manual_seed(1)
+    out: list[SFTExample] = []
+    for k in LENGTHS:
+        n = k + 12
+        ids = [int(t) for t in torch.randint(10, int(config.vocab_size), (n,), generator=g)]
+        mask = [int(3 <= i < 6 or i >= 9) for i in range(n)]
+        out.append(SFTExample(token_ids=ids, assistant_mask=mask))
+    return out
+
+
+def test_turn_accuracy_counts_the_assistant_turns_whose_every_token_is_right() -> None:
+    policy = Policy.from_pretrained("tiny")
+    examples = _two_turn_examples(policy)
+    assert [len(e.turn_lengths) for e in examples] == [2] * len(examples)
+    stage = SFTStage(
+        policy=policy,
+        sft=SFTConfig(enabled=True, batch_size=len(examples), lr=1e-2, max_grad_norm=1e9),
+        optim=OptimConfig(micro_batch_tokens=40),
+        examples=examples,
+        seed=0,
+    )
+    for _ in range(TRAINED_STEPS):
+        stage.train_step()
+    with torch.no_grad():
+        out = policy_forward(
+            policy, [e.token_ids for e in examples], temperature=1.0, values=False, layout="padded"
+        )
+    right = (out.logprobs > torch.log(torch.tensor(0.5))).tolist()
+    by_hand: list[bool] = []
+    offset = 0
+    for e in examples:
+        row = right[offset : offset + len(e.token_ids)]
+        offset += len(e.token_ids)
+        by_hand += [all(row[3:6]), all(row[9:])]
+    expected = sum(by_hand) / len(by_hand)
+    assert 0 < expected < 1  # some turns learned, some not: the count is not all-or-nothing
+    assert stage.train_step()["sft/turn_acc"] == pytest.approx(expected)

@@ -62,7 +62,16 @@ def test_console_logs_every_twentieth_of_the_warm_start_and_its_last_step() -> N
             record = {"stage": "sft", "sft_step": step, "sft/loss": 1.0, "sft/token_acc": 0.5}
             console.write_metrics("sft", 0, {**record, "time/elapsed_s": 1.0})
     assert [log["step"] for log in logs] == [f"{s}/45" for s in (*range(2, 45, 2), 45)]
-    assert set(logs[0]) == {"event", "log_level", "step", "loss", "token_acc", "elapsed_s", "eta_s"}
+    assert set(logs[0]) == {
+        "event",
+        "log_level",
+        "step",
+        "loss",
+        "token_acc",
+        "turn_acc",
+        "elapsed_s",
+        "eta_s",
+    }
 
 
 def test_the_eta_is_the_steps_left_times_the_mean_step_time_so_far() -> None:

@@ -7,6 +7,7 @@ the environment uses, so the tokens the model imitates are the tokens it will la
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import re
@@ -53,6 +54,11 @@ class SFTExample:
     def targets(self) -> list[bool]:
         """Per token: whether it is trained on (an assistant token with a prefix: never the first)."""
         return [False, *(bool(m) for m in self.assistant_mask[1:])]
+
+    @property
+    def turn_lengths(self) -> list[int]:
+        """The number of targets of each assistant turn (each run of consecutive targets), in order."""
+        return [sum(1 for _ in run) for flag, run in itertools.groupby(self.targets) if flag]
 
 
 def render_example(
@@ -333,6 +339,8 @@ class SFTStage:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         correct = 0.0
+        turns_right = 0
+        turns = sum(len(e.turn_lengths) for e in batch)
         for b in self._micro_batches(batch):
             items = [batch[i] for i in b]
             lp = target_logprobs(
@@ -342,7 +350,10 @@ class SFTStage:
             torch.autograd.backward(loss)
             loss_sum += float(loss.detach()) * total
             # A target is "right" when the model gives it > 1/2 probability (then it is also its argmax).
-            correct += float((lp.detach() > math.log(0.5)).sum())
+            right = lp.detach() > math.log(0.5)
+            correct += float(right.sum())
+            lengths = [n for e in items for n in e.turn_lengths]
+            turns_right += sum(bool(turn.all()) for turn in torch.split(right, lengths))
         norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm))
         optimizer_step(self.optimizer)
         self.scheduler.step()
@@ -350,6 +361,9 @@ class SFTStage:
         return {
             "sft/loss": loss_sum / total,
             "sft/token_acc": correct / total,
+            # Whole assistant turns right: a turn's few deciding tokens (call another tool or answer?) weigh
+            # little in the token mean, which can sit at 0.99 while no second turn is right.
+            "sft/turn_acc": turns_right / max(1, turns),
             "sft/grad_norm": norm,
             "sft/lr": float(self.optimizer.param_groups[0]["lr"]),
             "sft/epoch": float(self.epoch),

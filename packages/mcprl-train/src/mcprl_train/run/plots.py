@@ -101,7 +101,10 @@ def write_plots(run_dir: RunDir) -> list[Path]:
         _figure(
             out / "sft.png",
             "warm start (SFT)",
-            [(k, series(records, k, kind="sft", x="sft_step")) for k in ("sft/loss", "sft/token_acc")],
+            [
+                (k, series(records, k, kind="sft", x="sft_step"))
+                for k in ("sft/loss", "sft/token_acc", "sft/turn_acc")
+            ],
             xlabel="sft step",
         ),
     ]

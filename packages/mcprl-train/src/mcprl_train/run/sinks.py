@@ -128,6 +128,7 @@ class ConsoleSink:
                 step=f"{sft_step}/{total}",
                 loss=round(_num(m, "sft/loss"), 4),
                 token_acc=round(_num(m, "sft/token_acc"), 3),
+                turn_acc=round(_num(m, "sft/turn_acc"), 3),
                 elapsed_s=round(_num(m, "time/elapsed_s"), 0),
                 eta_s=eta,
             )
