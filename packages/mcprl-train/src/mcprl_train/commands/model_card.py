@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
+from mcprl_policy import PINNED_MODELS
+
 if TYPE_CHECKING:
     from mcprl_train.commands.export import Exported
     from mcprl_train.config import Config
@@ -98,10 +100,31 @@ def _summary(run_dir: RunDir, step: int) -> dict[str, Any]:
     return typed if typed.get("steps") == step else {}
 
 
+def _hub_base(base_model: str) -> str | None:
+    """The hub id the base weights are, if any: a built-in model's (`PINNED_MODELS`), or a name that is no path."""
+    if (pinned := PINNED_MODELS.get(base_model)) is not None:
+        return pinned.hub_id
+    return None if Path(base_model).is_absolute() or Path(base_model).exists() else base_model
+
+
+def _base_model_cell(base_model: str) -> str:
+    pinned = PINNED_MODELS.get(base_model)
+    if pinned is None:
+        return f"`{base_model}`"
+    return f"`{base_model}`: `{pinned.hub_id}`, the GGUF of the `{pinned.requirement}` wheel, dequantised"
+
+
+def _template_cell(base_model: str) -> str:
+    pinned = PINNED_MODELS.get(base_model)
+    if pinned is not None and pinned.template_note is not None:
+        return f"`chat_template.jinja`: {pinned.template_note}"
+    return "`chat_template.jinja`: the one the run rendered its episodes with"
+
+
 def _front_matter(base_model: str, *, lora: bool) -> str:
     from huggingface_hub import ModelCardData
 
-    hub_base = None if Path(base_model).is_absolute() or Path(base_model).exists() else base_model
+    hub_base = _hub_base(base_model)
     data = ModelCardData(
         base_model=hub_base,
         library_name="transformers",
@@ -120,7 +143,8 @@ def _training_table(exported: Exported, config: Config, base_model: str, run_dir
     )
     sft = f"{config.sft.steps} SFT steps on demonstrations, then " if config.sft.enabled else ""
     rows = [
-        ("base model", f"`{base_model}`"),
+        ("base model", _base_model_cell(base_model)),
+        ("chat template", _template_cell(base_model)),
         ("weights", weights),
         ("checkpoint", f"`{exported.checkpoint.name}` of run `{run_dir.path.name}` (step {exported.step})"),
         (
