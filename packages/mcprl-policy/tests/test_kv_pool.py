@@ -33,7 +33,7 @@ from mcprl_policy import SamplerError, SamplingParams, attention, build_tiny_mod
 from mcprl_policy.batch_cache import ConcatCache
 from mcprl_policy.cache_rows import AttentionRow
 from mcprl_policy.decode import DecodeEngine, DecodeRequest
-from mcprl_policy.kv_pool import KVPool
+from mcprl_policy.kv_pool import KVPool, PoolLayer
 from mcprl_policy.standin import standin_model
 
 Model = tuple[PreTrainedModel, PreTrainedTokenizerBase]
@@ -315,6 +315,7 @@ def test_a_replaced_pool_frees_its_buffers_without_the_cyclic_collector(tiny_8h:
         pool = engine._cache  # pyright: ignore[reportPrivateUsage]
         assert isinstance(pool, KVPool)
         layer = pool._cache.layers[0]  # pyright: ignore[reportPrivateUsage]
+        assert isinstance(layer, PoolLayer)
         released = weakref.ref(pool)
         buffer = weakref.ref(pool._keys[0])  # pyright: ignore[reportPrivateUsage]
         del pool

@@ -146,4 +146,5 @@ def test_a_policy_of_a_built_in_model_records_its_name_and_a_save_reloads_throug
     assert meta["base_model"] == "smollm2-135m"
     reloaded = Policy.from_pretrained(tmp_path / "saved", value_head=False)
     assert reloaded.base_model == "smollm2-135m"
-    assert reloaded.model.config.num_hidden_layers == 30
+    config: Any = reloaded.model.config
+    assert config.num_hidden_layers == 30

@@ -125,7 +125,7 @@ def test_turn_accuracy_counts_the_assistant_turns_whose_every_token_is_right() -
         out = policy_forward(
             policy, [e.token_ids for e in examples], temperature=1.0, values=False, layout="padded"
         )
-    right = (out.logprobs > torch.log(torch.tensor(0.5))).tolist()
+    right = [bool(x) for x in (out.logprobs > torch.log(torch.tensor(0.5))).unbind(0)]
     by_hand: list[bool] = []
     offset = 0
     for e in examples:
