@@ -10,22 +10,11 @@ import pytest
 from e2e_testkit import read_jsonl, run_cli
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from mcprl_env.parsing import PROBE_TOOL
 from mcprl_train.config import Config
 
 pytestmark = pytest.mark.slow
 
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_quote",
-        "description": "The latest price of a stock.",
-        "parameters": {
-            "type": "object",
-            "properties": {"symbol": {"type": "string"}},
-            "required": ["symbol"],
-        },
-    },
-}
 UNSEEN = ("report_ratio", "quote_by_name", "news_fact", "channel_topic", "user_lookup", "who_posted", "relay")
 
 
@@ -91,5 +80,5 @@ def test_a_shrunk_profile_run_trains_the_real_model_over_the_real_servers(
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.num_hidden_layers == 30
     assert "<tool_call>" in tokenizer.apply_chat_template(
-        [{"role": "user", "content": "?"}], tools=[TOOL], add_generation_prompt=True, tokenize=False
+        [{"role": "user", "content": "?"}], tools=[PROBE_TOOL], add_generation_prompt=True, tokenize=False
     )

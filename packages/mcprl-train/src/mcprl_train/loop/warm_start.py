@@ -339,8 +339,7 @@ class SFTStage:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         correct = 0.0
-        turns_right = 0
-        turns = sum(len(e.turn_lengths) for e in batch)
+        turns_right = turns = 0
         for b in self._micro_batches(batch):
             items = [batch[i] for i in b]
             lp = target_logprobs(
@@ -353,6 +352,7 @@ class SFTStage:
             right = lp.detach() > math.log(0.5)
             correct += float(right.sum())
             lengths = [n for e in items for n in e.turn_lengths]
+            turns += len(lengths)
             turns_right += sum(bool(turn.all()) for turn in torch.split(right, lengths))
         norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm))
         optimizer_step(self.optimizer)
